@@ -1,0 +1,113 @@
+"""Authentication and per-policy authorization, shared by every service.
+
+Tokens are bearer secrets (`authorization: Bearer <token>` in gRPC metadata and HTTP headers).
+The auth file stores only their sha256, never the tokens:
+
+    principals:
+      - name: lab-b-trainer
+        role: policy            # policy | admin
+        policy: qwen-0.5b       # the only producer/subscriber id it may use
+        runs: ["run-7"]         # runs it belongs to; ["*"] for all
+        token_sha256: 3f1a...   # `mrl token new` prints a token and this hash
+
+With no principals configured, auth is off: every caller is the admin `anonymous`, and the
+services bind only to loopback (see `loopback_only`).
+"""
+import hashlib
+import ipaddress
+import pathlib
+import secrets
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from mrl.errors import InvalidArgument, PermissionDenied, Unauthenticated
+
+__all__ = ["Principal", "Authenticator", "hash_token", "new_token", "ANONYMOUS", "is_loopback"]
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "mrl_" + secrets.token_urlsafe(32)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Principal(BaseModel):
+    name: str
+    role: Literal["policy", "admin"]
+    policy: str | None = Field(None, description="The policy id a `policy` principal acts as.")
+    runs: list[str] = Field(default_factory=lambda: ["*"], description="Runs it belongs to; '*' is every run.")
+    token_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+
+    @model_validator(mode="after")
+    def _policy_needs_id(self):
+        if self.role == "policy" and not self.policy:
+            raise ValueError(f"principal {self.name!r} has role 'policy' but no 'policy' id to act as")
+        return self
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def require_run(self, run_id: str) -> None:
+        if not (self.is_admin or "*" in self.runs or run_id in self.runs):
+            raise PermissionDenied(f"principal {self.name!r} does not belong to run {run_id!r}")
+
+    def require_policy(self, policy: str, run_id: str, action: str) -> None:
+        """A policy principal may `action` (publish, subscribe, ack) only as itself, in its runs."""
+        self.require_run(run_id)
+        if not self.is_admin and policy != self.policy:
+            raise PermissionDenied(f"principal {self.name!r} may {action} only as policy {self.policy!r}, "
+                                   f"not as {policy!r}")
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise PermissionDenied(f"principal {self.name!r} is not an admin")
+
+
+ANONYMOUS = Principal(name="anonymous", role="admin")
+
+
+class Authenticator:
+    """Maps a bearer token to its principal; `enabled` is False when no principal is configured."""
+
+    def __init__(self, principals: list[Principal] = ()):
+        self._by_hash = {p.token_sha256: p for p in principals}
+        if len(self._by_hash) != len(principals):
+            raise InvalidArgument("two principals share a token hash; give each principal its own token")
+        self.enabled = bool(principals)
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path | None) -> "Authenticator":
+        if path is None:
+            return cls()
+        try:
+            doc = yaml.safe_load(pathlib.Path(path).read_text()) or {}
+            return cls([Principal(**p) for p in doc.get("principals", [])])
+        except (OSError, yaml.YAMLError, ValidationError, TypeError) as exc:
+            raise InvalidArgument(f"auth file {path}: {exc}") from exc
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if not self.enabled:
+            return ANONYMOUS
+        if not authorization:
+            raise Unauthenticated("missing credentials: send 'authorization: Bearer <token>'")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("malformed credentials: send 'authorization: Bearer <token>'")
+        principal = self._by_hash.get(hash_token(token.strip()))
+        if principal is None:
+            raise Unauthenticated("unknown token")
+        return principal

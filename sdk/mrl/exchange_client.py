@@ -1,0 +1,275 @@
+"""Clients of the Shared Experience Exchange: `ExchangeClient` (blocking) and `AsyncExchangeClient`.
+
+    with ExchangeClient("localhost:50051", token=TOKEN) as see:
+        see.publish([new_experience("run-1", "policy-a", step, Rollout(...))])
+        for d in see.subscribe("run-1", "policy-a", kinds=["rollout"], max_in_flight=64):
+            use(d.experience)
+            d.ack()
+
+Both twins share `_Requests`, which builds and checks requests and does no I/O. Publish is
+retried with exponential backoff while the exchange is UNAVAILABLE (it is idempotent by
+experience id); a subscription reconnects with backoff, and whatever it had not acked
+is delivered again after the visibility timeout. gRPC errors become `mrl.errors` exceptions.
+"""
+import asyncio
+import random
+import time
+from collections.abc import Iterable
+
+import grpc
+
+from mrl import errors, experience
+from mrl.v1 import exchange_pb2 as xpb
+from mrl.v1 import exchange_pb2_grpc
+from mrl.v1 import experience_pb2 as pb
+
+__all__ = ["ExchangeClient", "AsyncExchangeClient", "Delivery", "Backoff"]
+
+_ERROR_OF = {cls.grpc_code: cls for cls in (errors.InvalidArgument, errors.Unauthenticated,
+                                             errors.PermissionDenied, errors.NotFound,
+                                             errors.ResourceExhausted, errors.Unavailable)}
+_START = {"latest": xpb.START_POSITION_LATEST, "earliest": xpb.START_POSITION_EARLIEST}
+
+
+def _mrl_error(exc: grpc.RpcError) -> errors.MrlError:
+    cls = _ERROR_OF.get(exc.code(), errors.MrlError)
+    return cls(f"{exc.code().name}: {exc.details()}")
+
+
+class Backoff:
+    """Delays base·2^n (capped at `cap`, with ±50% jitter) for at most `attempts` tries (None: forever)."""
+
+    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0, attempts: int | None = 6):
+        self.base_s, self.cap_s, self.attempts = base_s, cap_s, attempts
+
+    def delays(self):
+        n = 0
+        while self.attempts is None or n < self.attempts - 1:
+            yield min(self.cap_s, self.base_s * 2 ** n) * random.uniform(0.5, 1.5)
+            n += 1
+
+
+class Delivery:
+    """One delivered experience; `ack()` it once used (or it is delivered again after the timeout)."""
+
+    __slots__ = ("experience", "delivery_id", "redelivered", "appended_at_ms", "_ack")
+
+    def __init__(self, proto: xpb.Delivery, ack):
+        self.experience: pb.Experience = proto.experience
+        self.delivery_id = proto.delivery_id
+        self.redelivered = proto.redelivered
+        self.appended_at_ms = proto.appended_at_ms
+        self._ack = ack
+
+    @property
+    def kind(self) -> str:
+        return experience.kind_of(self.experience)
+
+    def ack(self):
+        return self._ack([self.delivery_id])
+
+
+class _Requests:
+    """Request building and checking shared by both clients; no I/O."""
+
+    def __init__(self, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int):
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.options = [("grpc.max_receive_message_length", max_message_bytes),
+                        ("grpc.max_send_message_length", max_message_bytes)]
+        self.credentials = grpc.ssl_channel_credentials(tls_root_cert) if tls_root_cert is not None else None
+
+    @staticmethod
+    def publish(experiences: Iterable[pb.Experience]) -> xpb.PublishRequest:
+        batch = list(experiences)
+        for e in batch:
+            experience.validate(e)
+        return xpb.PublishRequest(experiences=batch)
+
+    @staticmethod
+    def subscribe(run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
+                  min_policy_version, max_version_lag, visibility_timeout_s) -> xpb.SubscribeRequest:
+        if start not in _START:
+            raise errors.InvalidArgument(f"start {start!r} must be one of {', '.join(_START)}")
+        req = xpb.SubscribeRequest(
+            run_id=run_id, subscriber=subscriber, kinds=[experience.kind_enum(k) for k in kinds],
+            producers=list(producers), include_own=include_own, start=_START[start], max_in_flight=max_in_flight,
+            min_policy_version=min_policy_version, visibility_timeout_ms=int(visibility_timeout_s * 1000))
+        if max_version_lag is not None:
+            req.max_version_lag = max_version_lag
+        return req
+
+
+class ExchangeClient:
+    def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None):
+        self._req = _Requests(token, tls_root_cert, max_message_bytes)
+        self._channel = (grpc.secure_channel(target, self._req.credentials, self._req.options)
+                         if self._req.credentials else grpc.insecure_channel(target, self._req.options))
+        self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
+        self.backoff = backoff or Backoff()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method, request, retry: bool = False):
+        delays = self.backoff.delays() if retry else iter(())
+        while True:
+            try:
+                return method(request, metadata=self._req.metadata)
+            except grpc.RpcError as exc:
+                delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
+                if delay is None:
+                    raise _mrl_error(exc) from exc
+                time.sleep(delay)
+
+    def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
+        """Publish a batch (one run); retried while UNAVAILABLE, since publish is idempotent."""
+        return self._call(self._stub.Publish, self._req.publish(experiences), retry=True)
+
+    def ack(self, run_id: str, subscriber: str, delivery_ids: list[str], subscription_id: str = "") -> int:
+        req = xpb.AckRequest(run_id=run_id, subscriber=subscriber, delivery_ids=delivery_ids,
+                             subscription_id=subscription_id)
+        return self._call(self._stub.Ack, req, retry=True).acked
+
+    def list_topics(self, run_id: str) -> list[xpb.Topic]:
+        return list(self._call(self._stub.ListTopics, xpb.ListTopicsRequest(run_id=run_id)).topics)
+
+    def topic_stats(self, run_id: str, kind: str = "", producer: str = "") -> list[xpb.TopicStats]:
+        req = xpb.GetTopicStatsRequest(run_id=run_id, kind=experience.kind_enum(kind) if kind else 0,
+                                       producer=producer)
+        return list(self._call(self._stub.GetTopicStats, req).topics)
+
+    def subscribe(self, run_id: str, subscriber: str, kinds: Iterable[str] = (), producers: Iterable[str] = (),
+                  *, include_own: bool = False, start: str = "latest", max_in_flight: int = 64,
+                  min_policy_version: int = 0, max_version_lag: int | None = None,
+                  visibility_timeout_s: float = 0.0, reconnect: Backoff | None = None):
+        """Iterate deliveries forever (reconnecting with backoff); break out, or call `.close()`."""
+        req = self._req.subscribe(run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
+                                  min_policy_version, max_version_lag, visibility_timeout_s)
+        return Subscription(self, req, reconnect or Backoff(attempts=None))
+
+
+class Subscription:
+    """A blocking iterator of `Delivery`; reconnects after UNAVAILABLE."""
+
+    def __init__(self, client: ExchangeClient, request: xpb.SubscribeRequest, reconnect: Backoff):
+        self._client, self._request, self._reconnect = client, request, reconnect
+        self._call = None
+        self.subscription_id = ""
+        self._closed = False
+
+    def ack(self, deliveries: Iterable["Delivery | str"]) -> int:
+        ids = [d if isinstance(d, str) else d.delivery_id for d in deliveries]
+        return self._client.ack(self._request.run_id, self._request.subscriber, ids, self.subscription_id)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._call is not None:
+            self._call.cancel()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        delays = None
+        while not self._closed:
+            self._call = self._client._stub.Subscribe(self._request, metadata=self._client._req.metadata)
+            try:
+                for response in self._call:
+                    self.subscription_id = response.subscription_id
+                    delays = None  # connected: reset the backoff
+                    for d in response.deliveries:
+                        yield Delivery(d, self.ack)
+                return
+            except grpc.RpcError as exc:
+                if self._closed or exc.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise _mrl_error(exc) from exc
+                delays = delays or self._reconnect.delays()
+                delay = next(delays, None)
+                if delay is None:
+                    raise _mrl_error(exc) from exc
+                time.sleep(delay)
+
+
+class AsyncExchangeClient:
+    """The asyncio twin of ExchangeClient."""
+
+    def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None):
+        self._req = _Requests(token, tls_root_cert, max_message_bytes)
+        self._channel = (grpc.aio.secure_channel(target, self._req.credentials, self._req.options)
+                         if self._req.credentials else grpc.aio.insecure_channel(target, self._req.options))
+        self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
+        self.backoff = backoff or Backoff()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method, request, retry: bool = False):
+        delays = self.backoff.delays() if retry else iter(())
+        while True:
+            try:
+                return await method(request, metadata=self._req.metadata)
+            except grpc.RpcError as exc:
+                delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
+                if delay is None:
+                    raise _mrl_error(exc) from exc
+                await asyncio.sleep(delay)
+
+    async def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
+        return await self._call(self._stub.Publish, self._req.publish(experiences), retry=True)
+
+    async def ack(self, run_id: str, subscriber: str, delivery_ids: list[str], subscription_id: str = "") -> int:
+        req = xpb.AckRequest(run_id=run_id, subscriber=subscriber, delivery_ids=delivery_ids,
+                             subscription_id=subscription_id)
+        return (await self._call(self._stub.Ack, req, retry=True)).acked
+
+    async def subscribe(self, run_id: str, subscriber: str, kinds: Iterable[str] = (),
+                        producers: Iterable[str] = (), *, include_own: bool = False, start: str = "latest",
+                        max_in_flight: int = 64, min_policy_version: int = 0, max_version_lag: int | None = None,
+                        visibility_timeout_s: float = 0.0, reconnect: Backoff | None = None):
+        """Async-iterate deliveries forever, reconnecting with backoff; each has `await d.ack()`."""
+        req = self._req.subscribe(run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
+                                  min_policy_version, max_version_lag, visibility_timeout_s)
+        delays = None
+        subscription_id = ""
+
+        async def ack(ids):
+            return await self.ack(run_id, subscriber, ids, subscription_id)
+
+        while True:
+            call = self._stub.Subscribe(req, metadata=self._req.metadata)
+            try:
+                async for response in call:
+                    subscription_id = response.subscription_id
+                    delays = None
+                    for d in response.deliveries:
+                        yield Delivery(d, ack)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise _mrl_error(exc) from exc
+                delays = delays or (reconnect or Backoff(attempts=None)).delays()
+                delay = next(delays, None)
+                if delay is None:
+                    raise _mrl_error(exc) from exc
+                await asyncio.sleep(delay)
+            finally:
+                call.cancel()

@@ -1,0 +1,165 @@
+"""Typed experience: kinds, constructors and the validation every service applies.
+
+An `Experience` (proto/mrl/v1/experience.proto) is an envelope — id, run, producer,
+policy version, created time, schema version — around one payload of four kinds:
+
+    kind           payload field   used by
+    rollout        rollout         PRP, HACPO
+    group_stats    group_stats     XGRPO, HACPO
+    success        success         SGT
+    policy_stats   policy_stats    HACPO, dashboards
+
+`validate` is the single definition of a well-formed experience: the exchange rejects
+what it rejects (INVALID_ARGUMENT, nothing appended) and the clients call it before
+sending, so a bad experience fails where it was made.
+"""
+import math
+import re
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Literal, get_args
+
+from mrl.errors import InvalidArgument
+from mrl.v1 import experience_pb2 as pb
+
+__all__ = ["Kind", "KINDS", "SCHEMA_VERSION", "kind_of", "kind_enum", "kind_name", "new_experience",
+           "validate", "validate_name", "Limits"]
+
+SCHEMA_VERSION = 1
+
+Kind = Literal["rollout", "group_stats", "success", "policy_stats"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+_ENUM_OF: dict[str, int] = {
+    "rollout": pb.EXPERIENCE_KIND_ROLLOUT,
+    "group_stats": pb.EXPERIENCE_KIND_GROUP_STATS,
+    "success": pb.EXPERIENCE_KIND_SUCCESS,
+    "policy_stats": pb.EXPERIENCE_KIND_POLICY_STATS,
+}
+_NAME_OF = {v: k for k, v in _ENUM_OF.items()}
+
+# Names become parts of Redis keys and consumer-group names: no braces, colons or spaces.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+_MAX_TEXT_ID = 256
+
+
+class Limits:
+    """Size limits of one experience; the exchange's settings fill them."""
+
+    def __init__(self, max_experience_bytes: int = 1 << 20, max_tokens: int = 65536):
+        self.max_experience_bytes = max_experience_bytes
+        self.max_tokens = max_tokens
+
+
+def kind_of(exp: pb.Experience) -> Kind:
+    """The kind name of an experience's payload; InvalidArgument when none is set."""
+    which = exp.WhichOneof("payload")
+    if which is None:
+        raise InvalidArgument(
+            f"experience {exp.experience_id!r} has no payload: set one of {', '.join(KINDS)} "
+            f"(a payload of a newer schema than v{SCHEMA_VERSION} is unknown to this exchange)")
+    return which
+
+
+def kind_enum(kind: str) -> int:
+    try:
+        return _ENUM_OF[kind]
+    except KeyError:
+        raise InvalidArgument(f"unknown experience kind {kind!r}; valid kinds: {', '.join(KINDS)}") from None
+
+
+def kind_name(kind_value: int) -> Kind:
+    try:
+        return _NAME_OF[kind_value]
+    except KeyError:
+        valid = ", ".join(pb.ExperienceKind.Name(v) for v in _NAME_OF)
+        raise InvalidArgument(f"unknown experience kind {kind_value}; valid kinds: {valid}") from None
+
+
+def validate_name(what: str, value: str) -> str:
+    """Run ids, policy ids: 1-64 of [A-Za-z0-9._-], starting with a letter or digit."""
+    if not _NAME_RE.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} {value!r} is not a valid name: use 1-64 characters of letters, digits, '.', '_' "
+            f"or '-', starting with a letter or digit")
+    return value
+
+
+def new_experience(run_id: str, producer: str, policy_version: int, payload, experience_id: str | None = None
+                   ) -> pb.Experience:
+    """An envelope around `payload` (a Rollout, GroupStats, VerifiedSuccess or PolicyStats)."""
+    field = {pb.Rollout: "rollout", pb.GroupStats: "group_stats", pb.VerifiedSuccess: "success",
+             pb.PolicyStats: "policy_stats"}.get(type(payload))
+    if field is None:
+        raise InvalidArgument(f"payload of type {type(payload).__name__} is not an experience kind")
+    exp = pb.Experience(experience_id=experience_id or uuid.uuid4().hex, run_id=run_id, producer=producer,
+                        policy_version=policy_version, schema_version=SCHEMA_VERSION)
+    exp.created_at.FromNanoseconds(time.time_ns())
+    getattr(exp, field).CopyFrom(payload)
+    return exp
+
+
+def _check_finite(where: str, values: Iterable[float]) -> None:
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise InvalidArgument(f"{where}[{i}] is {v}: rewards, log-probs and statistics must be finite")
+
+
+def _check_text_id(where: str, value: str) -> None:
+    if not value or len(value) > _MAX_TEXT_ID:
+        raise InvalidArgument(f"{where} must be 1-{_MAX_TEXT_ID} characters, got {len(value)}")
+
+
+def _check_tokens(where: str, ids, limits: Limits) -> None:
+    if len(ids) > limits.max_tokens:
+        raise InvalidArgument(f"{where} has {len(ids)} token ids; at most {limits.max_tokens} are accepted")
+    if ids and min(ids) < 0:
+        raise InvalidArgument(f"{where} holds a negative token id ({min(ids)})")
+
+
+def validate(exp: pb.Experience, limits: Limits = Limits()) -> Kind:
+    """Raise InvalidArgument naming the first problem of `exp`; return its kind otherwise."""
+    eid = exp.experience_id
+    if not _ID_RE.fullmatch(eid):
+        raise InvalidArgument(
+            f"experience_id {eid!r} is missing or malformed: use 1-128 characters of letters, digits, "
+            f"'.', '_', ':', '/' or '-' (a UUID hex is a good choice)")
+    where = f"experience {eid}"
+    validate_name(f"{where}: run_id", exp.run_id)
+    validate_name(f"{where}: producer", exp.producer)
+    if exp.schema_version != SCHEMA_VERSION:
+        raise InvalidArgument(f"{where}: schema_version {exp.schema_version} is not supported; "
+                              f"this exchange speaks schema_version {SCHEMA_VERSION}")
+    if not exp.HasField("created_at"):
+        raise InvalidArgument(f"{where}: created_at is not set")
+    size = exp.ByteSize()
+    if size > limits.max_experience_bytes:
+        raise InvalidArgument(f"{where} is {size} bytes; the limit is {limits.max_experience_bytes} bytes "
+                              f"(MRL_MAX_EXPERIENCE_BYTES)")
+    kind = kind_of(exp)
+    if kind == "rollout":
+        r = exp.rollout
+        _check_text_id(f"{where}: rollout.prompt_id", r.prompt_id)
+        _check_finite(f"{where}: rollout.reward", [r.reward])
+        _check_tokens(f"{where}: rollout.token_ids", r.token_ids, limits)
+        if r.logprobs and len(r.logprobs) != len(r.token_ids):
+            raise InvalidArgument(f"{where}: rollout has {len(r.token_ids)} token_ids but {len(r.logprobs)} "
+                                  f"logprobs; send one behaviour log-prob per token id, or none")
+        _check_finite(f"{where}: rollout.logprobs", r.logprobs)
+    elif kind == "group_stats":
+        g = exp.group_stats
+        _check_text_id(f"{where}: group_stats.prompt_id", g.prompt_id)
+        if not g.rewards:
+            raise InvalidArgument(f"{where}: group_stats.rewards is empty; send one reward per sample")
+        _check_finite(f"{where}: group_stats.rewards", g.rewards)
+    elif kind == "success":
+        s = exp.success
+        _check_text_id(f"{where}: success.prompt_id", s.prompt_id)
+        _check_finite(f"{where}: success.reward", [s.reward])
+        _check_tokens(f"{where}: success.token_ids", s.token_ids, limits)
+    else:
+        p = exp.policy_stats
+        _check_finite(f"{where}: policy_stats", [p.batch_mean_reward, p.capability, p.rollouts_per_s,
+                                                 p.tokens_per_s])
+    return kind

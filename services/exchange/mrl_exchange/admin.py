@@ -1,0 +1,69 @@
+"""REST admin of the exchange (FastAPI): health, runs, topics, trim, delete, Prometheus /metrics.
+
+/healthz, /readyz and /metrics are open (probes and scrapers); everything under /v1 needs an
+admin principal's bearer token when auth is on. OpenAPI at /openapi.json, docs at /docs.
+"""
+from fastapi import Depends, FastAPI, Header, HTTPException, Query
+from fastapi.responses import JSONResponse, PlainTextResponse
+from google.protobuf.json_format import MessageToDict
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from mrl import experience
+from mrl.auth import Authenticator
+from mrl.errors import MrlError
+from mrl.ratelimit import RateLimiter
+from mrl_exchange.core import Exchange
+
+__all__ = ["create_admin_app"]
+
+
+def create_admin_app(exchange: Exchange, auth: Authenticator, limiter: RateLimiter) -> FastAPI:
+    app = FastAPI(title="mrl exchange admin", version="1",
+                  description="Shared Experience Exchange (SEE): runs, topics, consumer lag, retention.")
+
+    @app.exception_handler(MrlError)
+    async def _mrl_error(request, exc: MrlError):
+        return JSONResponse(status_code=exc.http_status, content={"error": type(exc).__name__, "detail": str(exc)})
+
+    def admin(authorization: str | None = Header(None, description="Bearer <admin token>")):
+        principal = auth.authenticate(authorization)
+        limiter.take(principal.name)
+        principal.require_admin()
+        return principal
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():
+        if not await exchange.ping():
+            raise HTTPException(503, "Redis is not reachable")
+        return {"status": "ready"}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():
+        return PlainTextResponse(generate_latest(exchange.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/runs", dependencies=[Depends(admin)])
+    async def runs():
+        return {"runs": await exchange.runs()}
+
+    @app.get("/v1/runs/{run_id}/topics", dependencies=[Depends(admin)])
+    async def topics(run_id: str):
+        experience.validate_name("run_id", run_id)
+        stats = await exchange.topic_stats(run_id)
+        return {"run_id": run_id, "topics": [
+            MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for s in stats]}
+
+    @app.post("/v1/runs/{run_id}/topics/{kind}/{producer}/trim", dependencies=[Depends(admin)])
+    async def trim(run_id: str, kind: str, producer: str, maxlen: int = Query(..., ge=0)):
+        experience.validate_name("run_id", run_id)
+        return {"removed": await exchange.trim(run_id, kind, producer, maxlen)}
+
+    @app.delete("/v1/runs/{run_id}", dependencies=[Depends(admin)])
+    async def delete_run(run_id: str):
+        return {"deleted_keys": await exchange.delete_run(run_id)}
+
+    return app

@@ -1,0 +1,274 @@
+"""The exchange core: Redis Streams layout, atomic idempotent publish, ack, topics, admin.
+
+Keys (the run in braces is a Redis Cluster hash tag: a run's keys live on one shard):
+
+    mrl:{run}:x:{kind}:{producer}   stream of one (run, kind, producer); fields e=Experience bytes, v=version
+    mrl:{run}:topics                set of "kind:producer" with a stream
+    mrl:{run}:versions              hash producer -> latest policy_version published
+    mrl:{run}:seen:{experience_id}  dedupe marker, expires after dedupe_ttl_s
+
+One consumer group per subscribing policy on each stream, named after the policy, so each
+policy sees every entry once; at-least-once: an entry stays in the group's pending list
+until acked (see subscription.py for redelivery).
+"""
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from mrl import experience
+from mrl.errors import InvalidArgument, NotFound, Unavailable
+from mrl.v1 import exchange_pb2 as xpb
+from mrl.v1 import experience_pb2 as pb
+from mrl_exchange.metrics import ExchangeMetrics
+from mrl_exchange.settings import ExchangeSettings
+
+__all__ = ["Exchange", "stream_key", "parse_delivery_id"]
+
+log = logging.getLogger(__name__)
+
+
+def stream_key(run_id: str, kind: str, producer: str) -> str:
+    return f"mrl:{{{run_id}}}:x:{kind}:{producer}"
+
+
+def topics_key(run_id: str) -> str:
+    return f"mrl:{{{run_id}}}:topics"
+
+
+def versions_key(run_id: str) -> str:
+    return f"mrl:{{{run_id}}}:versions"
+
+
+def seen_key(run_id: str, experience_id: str) -> str:
+    return f"mrl:{{{run_id}}}:seen:{experience_id}"
+
+
+def parse_delivery_id(delivery_id: str) -> tuple[str, str, str]:
+    """'kind:producer:entry_id' -> (kind, producer, entry_id), or InvalidArgument."""
+    parts = delivery_id.split(":")
+    if len(parts) != 3 or parts[0] not in experience.KINDS or not _is_entry_id(parts[2]):
+        raise InvalidArgument(f"delivery_id {delivery_id!r} is malformed: pass the delivery_id of a Delivery "
+                              f"unchanged")
+    experience.validate_name("delivery_id producer", parts[1])
+    return parts[0], parts[1], parts[2]
+
+
+def _is_entry_id(s: str) -> bool:
+    ms, _, seq = s.partition("-")
+    return ms.isdigit() and seq.isdigit()
+
+
+# KEYS = topics, versions, then (seen_i, stream_i) per experience.
+# ARGV = maxlen, max_age_ms, dedupe_ttl_s, then (payload_i, version_i, topic_i, producer_i).
+# Dedupe and append are one atomic step; returns the 0-based indexes of duplicates.
+_PUBLISH_LUA = """
+local maxlen, max_age_ms, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local minid = nil
+if max_age_ms > 0 then
+  local t = redis.call('TIME')
+  minid = string.format('%d-0', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - max_age_ms)
+end
+local dups = {}
+for i = 1, (#KEYS - 2) / 2 do
+  local a = 3 + (i - 1) * 4
+  if redis.call('SET', KEYS[1 + 2 * i], '1', 'NX', 'EX', ttl) then
+    local skey = KEYS[2 + 2 * i]
+    redis.call('XADD', skey, 'MAXLEN', '~', maxlen, '*', 'e', ARGV[a + 1], 'v', ARGV[a + 2])
+    if minid then redis.call('XTRIM', skey, 'MINID', '~', minid) end
+    redis.call('SADD', KEYS[1], ARGV[a + 3])
+    local cur = redis.call('HGET', KEYS[2], ARGV[a + 4])
+    if (not cur) or tonumber(ARGV[a + 2]) > tonumber(cur) then
+      redis.call('HSET', KEYS[2], ARGV[a + 4], ARGV[a + 2])
+    end
+  else
+    dups[#dups + 1] = i - 1
+  end
+end
+return dups
+"""
+
+
+class Exchange:
+    """Publish, ack, list and administer typed experience in Redis. Subscribe: see `subscription`."""
+
+    def __init__(self, redis: aioredis.Redis, settings: ExchangeSettings | None = None):
+        self.redis = redis
+        self.settings = settings or ExchangeSettings()
+        self.limits = experience.Limits(self.settings.max_experience_bytes, self.settings.max_tokens)
+        self.metrics = ExchangeMetrics()
+        self.sessions: dict[str, "Subscription"] = {}  # noqa: F821 - live subscriptions on this replica
+        self._publish = redis.register_script(_PUBLISH_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, settings: ExchangeSettings | None = None) -> "Exchange":
+        return cls(aioredis.Redis.from_url(url, decode_responses=False), settings)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except (RedisError, OSError):
+            return False
+
+    # -- publish ---------------------------------------------------------------------------
+    def check_batch(self, experiences) -> list[str]:
+        """Validate a whole batch before anything is written; return each experience's kind."""
+        if not experiences:
+            raise InvalidArgument("the batch is empty: publish at least one experience")
+        if len(experiences) > self.settings.max_batch:
+            raise InvalidArgument(f"the batch holds {len(experiences)} experiences; at most "
+                                  f"{self.settings.max_batch} per Publish (MRL_MAX_BATCH): split it")
+        kinds = [experience.validate(e, self.limits) for e in experiences]
+        run_id = experiences[0].run_id
+        for exp in experiences:
+            if exp.run_id != run_id:
+                raise InvalidArgument(f"a batch belongs to one run: {exp.experience_id} is in run "
+                                      f"{exp.run_id!r}, the batch's first experience in {run_id!r}")
+        return kinds
+
+    async def publish(self, experiences: list[pb.Experience]) -> xpb.PublishResponse:
+        """Append a batch atomically: every new experience is appended, duplicates are counted.
+
+        Raises InvalidArgument (nothing appended) when any experience is malformed.
+        """
+        try:
+            kinds = self.check_batch(experiences)
+        except InvalidArgument:
+            self.metrics.rejected.inc()
+            raise
+        s = self.settings
+        run_id = experiences[0].run_id
+        keys = [topics_key(run_id), versions_key(run_id)]
+        args: list = [s.retention_maxlen, int(s.retention_max_age_s * 1000), s.dedupe_ttl_s]
+        for exp, kind in zip(experiences, kinds):
+            keys += [seen_key(run_id, exp.experience_id), stream_key(run_id, kind, exp.producer)]
+            args += [exp.SerializeToString(), exp.policy_version, f"{kind}:{exp.producer}", exp.producer]
+        try:
+            dup_indexes = await self._publish(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"Redis is unreachable or failed: {exc}; retry the same batch (publish is "
+                              f"idempotent)") from exc
+        dup_set = set(dup_indexes)
+        for i, kind in enumerate(kinds):
+            if i not in dup_set:
+                self.metrics.published.labels(kind).inc()
+        self.metrics.duplicates.inc(len(dup_set))
+        return xpb.PublishResponse(accepted=len(experiences) - len(dup_set), duplicates=len(dup_set),
+                                   duplicate_ids=[experiences[i].experience_id for i in dup_indexes])
+
+    # -- ack -------------------------------------------------------------------------------
+    async def ack(self, run_id: str, subscriber: str, delivery_ids, subscription_id: str = "") -> int:
+        """XACK each delivery in the subscriber's group; return credit to its live subscription."""
+        experience.validate_name("run_id", run_id)
+        experience.validate_name("subscriber", subscriber)
+        parsed = [parse_delivery_id(d) for d in delivery_ids]
+        by_stream: dict[str, list[str]] = {}
+        for kind, producer, entry_id in parsed:
+            by_stream.setdefault(stream_key(run_id, kind, producer), []).append(entry_id)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key, ids in by_stream.items():
+                    pipe.xack(key, subscriber, *ids)
+                acked = sum(await pipe.execute())
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"Redis is unreachable or failed: {exc}; ack again (acks are idempotent)") from exc
+        session = self.sessions.get(subscription_id)
+        if session is not None:
+            session.release(delivery_ids)
+        self.metrics.acked.inc(acked)
+        return acked
+
+    # -- topics and admin ------------------------------------------------------------------
+    async def topics(self, run_id: str) -> list[tuple[str, str]]:
+        """(kind, producer) of every stream of a run, sorted."""
+        experience.validate_name("run_id", run_id)
+        members = await self._call(self.redis.smembers(topics_key(run_id)))
+        return sorted(tuple(m.decode().split(":", 1)) for m in members)
+
+    async def runs(self) -> list[str]:
+        runs = []
+        async for key in self.redis.scan_iter(match="mrl:{*}:topics", count=1000):
+            runs.append(key.decode()[len("mrl:{"):-len("}:topics")])
+        return sorted(runs)
+
+    async def topic_stats(self, run_id: str, kind: str = "", producer: str = "") -> list[xpb.TopicStats]:
+        versions = await self._call(self.redis.hgetall(versions_key(run_id)))
+        out = []
+        for k, p in await self.topics(run_id):
+            if (kind and k != kind) or (producer and p != producer):
+                continue
+            key = stream_key(run_id, k, p)
+            try:
+                info = await self.redis.xinfo_stream(key)
+                groups = await self.redis.xinfo_groups(key)
+            except ResponseError:  # the stream was trimmed away or deleted
+                continue
+            except (RedisError, OSError) as exc:
+                raise Unavailable(f"Redis is unreachable: {exc}") from exc
+            stats = xpb.TopicStats(
+                topic=xpb.Topic(run_id=run_id, kind=experience.kind_enum(k), producer=p),
+                length=info["length"], last_id=_text(info["last-generated-id"]),
+                latest_policy_version=int(versions.get(p.encode(), 0)))
+            for g in groups:
+                last = _text(g["last-delivered-id"])
+                lag = g.get("lag")
+                if lag is None:  # Redis < 7 reports no lag: count the entries after the group's position
+                    lag = len(await self.redis.xrange(key, min=f"({last}", max="+"))
+                stats.groups.append(xpb.ConsumerGroupStats(
+                    subscriber=_text(g["name"]), pending=g["pending"], lag=lag, last_delivered_id=last,
+                    consumers=g["consumers"]))
+            out.append(stats)
+        return out
+
+    async def trim(self, run_id: str, kind: str, producer: str, maxlen: int) -> int:
+        """Keep the newest `maxlen` entries of one stream; return how many were removed."""
+        if maxlen < 0:
+            raise InvalidArgument(f"maxlen ({maxlen}) must be >= 0")
+        experience.kind_enum(kind)
+        key = stream_key(run_id, kind, experience.validate_name("producer", producer))
+        if (kind, producer) not in await self.topics(run_id):
+            raise NotFound(f"run {run_id!r} has no {kind} stream from {producer!r}")
+        return await self._call(self.redis.xtrim(key, maxlen=maxlen, approximate=False))
+
+    async def delete_run(self, run_id: str) -> int:
+        """Delete every key of a run (streams, groups, dedupe markers); return how many."""
+        experience.validate_name("run_id", run_id)
+        deleted = 0
+        batch = []
+        async for key in self.redis.scan_iter(match=f"mrl:{{{run_id}}}:*", count=1000):
+            batch.append(key)
+            if len(batch) == 500:
+                deleted += await self._call(self.redis.unlink(*batch))
+                batch = []
+        if batch:
+            deleted += await self._call(self.redis.unlink(*batch))
+        if not deleted:
+            raise NotFound(f"run {run_id!r} has no data")
+        return deleted
+
+    async def latest_versions(self, run_id: str) -> dict[str, int]:
+        raw = await self._call(self.redis.hgetall(versions_key(run_id)))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    @staticmethod
+    async def _call(awaitable):
+        try:
+            return await awaitable
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def wait_for_redis(exchange: Exchange, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await exchange.ping():
+        if asyncio.get_running_loop().time() > deadline:
+            raise Unavailable(f"Redis did not answer within {timeout_s} s")
+        await asyncio.sleep(0.1)

@@ -1,0 +1,56 @@
+"""The gRPC ExperienceExchange servicer: authenticate, authorize, rate-limit, call the core."""
+import grpc
+
+from mrl import experience
+from mrl.auth import Authenticator, Principal
+from mrl.grpc_service import authorization
+from mrl.ratelimit import RateLimiter
+from mrl.v1 import exchange_pb2 as xpb
+from mrl_exchange.core import Exchange
+from mrl_exchange.subscription import Subscription
+
+__all__ = ["ExchangeServicer"]
+
+
+class ExchangeServicer:
+    def __init__(self, exchange: Exchange, auth: Authenticator, limiter: RateLimiter):
+        self.exchange, self.auth, self.limiter = exchange, auth, limiter
+
+    def _principal(self, context: grpc.aio.ServicerContext, cost: float = 1.0) -> Principal:
+        principal = self.auth.authenticate(authorization(context))
+        self.limiter.take(principal.name, cost)
+        return principal
+
+    async def Publish(self, request: xpb.PublishRequest, context) -> xpb.PublishResponse:
+        principal = self._principal(context, cost=max(1, len(request.experiences)))
+        for exp in request.experiences:
+            principal.require_policy(exp.producer, exp.run_id, "publish")
+        return await self.exchange.publish(list(request.experiences))
+
+    async def Subscribe(self, request: xpb.SubscribeRequest, context):
+        principal = self._principal(context)
+        principal.require_policy(request.subscriber, request.run_id, "subscribe")
+        subscription = Subscription(self.exchange, request)
+        yield xpb.SubscribeResponse(subscription_id=subscription.id)
+        async for deliveries in subscription.deliveries():
+            yield xpb.SubscribeResponse(subscription_id=subscription.id, deliveries=deliveries)
+
+    async def Ack(self, request: xpb.AckRequest, context) -> xpb.AckResponse:
+        principal = self._principal(context)
+        principal.require_policy(request.subscriber, request.run_id, "ack")
+        acked = await self.exchange.ack(request.run_id, request.subscriber, request.delivery_ids,
+                                        request.subscription_id)
+        return xpb.AckResponse(acked=acked)
+
+    async def ListTopics(self, request: xpb.ListTopicsRequest, context) -> xpb.ListTopicsResponse:
+        self._principal(context).require_run(request.run_id)
+        topics = await self.exchange.topics(request.run_id)
+        return xpb.ListTopicsResponse(topics=[
+            xpb.Topic(run_id=request.run_id, kind=experience.kind_enum(k), producer=p) for k, p in topics])
+
+    async def GetTopicStats(self, request: xpb.GetTopicStatsRequest, context) -> xpb.GetTopicStatsResponse:
+        self._principal(context).require_run(request.run_id)
+        kind = experience.kind_name(request.kind) if request.kind else ""
+        stats = await self.exchange.topic_stats(request.run_id, kind, request.producer)
+        return xpb.GetTopicStatsResponse(topics=stats)
+

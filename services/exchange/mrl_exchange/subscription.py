@@ -1,0 +1,240 @@
+"""One subscriber's delivery session: credit-based flow control, redelivery, staleness.
+
+A subscription reads, for policy `subscriber` in run `run_id`, every stream whose kind and
+producer pass its filters, through the consumer group named after the policy; its consumer
+name is the subscription id. Invariants:
+
+    in_flight = delivered − acked − expired  ≤  max_in_flight          (the credit)
+    an entry stays in the group's pending list until XACK;
+    an entry idle longer than the visibility timeout is claimed again (XAUTOCLAIM) and
+        delivered with redelivered=true — by this or any other subscription of the policy.
+
+Staleness: an entry of producer p with version v is dropped (acked, never delivered) when
+    v < min_policy_version   or   v < latest_version(p) − max_version_lag.
+
+A delivery counts against the credit until acked or until its visibility timeout passes
+(after which it may be delivered again, so holding its credit longer would only leak it).
+"""
+import asyncio
+import time
+import uuid
+from collections import deque
+
+from redis.exceptions import RedisError, ResponseError
+
+from mrl import experience
+from mrl.errors import InvalidArgument, Unavailable
+from mrl.v1 import exchange_pb2 as xpb
+from mrl_exchange.core import Exchange, stream_key
+
+__all__ = ["Subscription"]
+
+_REFRESH_S = 1.0  # how often new topics and producers' latest versions are looked up
+_BLOCK_MS = 250   # longest XREADGROUP wait, so new topics and claims are noticed
+
+
+class Subscription:
+    def __init__(self, exchange: Exchange, request: xpb.SubscribeRequest):
+        s = exchange.settings
+        self.exchange, self.redis = exchange, exchange.redis
+        self.run_id = experience.validate_name("run_id", request.run_id)
+        self.subscriber = experience.validate_name("subscriber", request.subscriber)
+        self.kinds = {experience.kind_name(k) for k in request.kinds} or set(experience.KINDS)
+        self.producers = {experience.validate_name("producer", p) for p in request.producers}
+        self.include_own = request.include_own
+        if request.max_in_flight > s.max_in_flight_limit:
+            raise InvalidArgument(f"max_in_flight {request.max_in_flight} exceeds this exchange's limit "
+                                  f"{s.max_in_flight_limit}")
+        self.max_in_flight = request.max_in_flight or s.default_max_in_flight
+        self.min_version = request.min_policy_version
+        self.max_lag = request.max_version_lag if request.HasField("max_version_lag") else None
+        self.visibility_ms = request.visibility_timeout_ms or int(s.visibility_timeout_s * 1000)
+        self.earliest = request.start == xpb.START_POSITION_EARLIEST
+        self.id = uuid.uuid4().hex
+        self._in_flight: dict[str, float] = {}   # delivery_id -> monotonic deadline
+        self._backlog: deque = deque()           # read beyond the credit; already pending for us
+        self._streams: dict[str, tuple[str, str]] = {}  # key -> (kind, producer)
+        self._claim_cursor: dict[str, str] = {}
+        self._versions: dict[str, int] = {}
+        self._credit = asyncio.Event()
+        self._start_id = "0"
+        self._next_refresh = 0.0
+        self._next_claim = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def release(self, delivery_ids) -> None:
+        for d in delivery_ids:
+            self._in_flight.pop(d, None)
+        self._credit.set()
+
+    async def deliveries(self):
+        """Yield lists of Delivery, never more un-acked than the credit."""
+        self.exchange.sessions[self.id] = self
+        try:
+            if not self.earliest:
+                sec, usec = await self._redis(self.redis.time())
+                self._start_id = f"{sec * 1000 + usec // 1000}-0"
+            while True:
+                credit = self._free_credit()
+                if credit == 0:
+                    self._credit.clear()
+                    try:
+                        await asyncio.wait_for(self._credit.wait(), timeout=min(1.0, self.visibility_ms / 4000))
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                batch = await self._next_entries(credit)
+                out = self._deliver(batch[:credit])
+                self._backlog.extendleft(reversed(batch[credit:]))
+                if out:
+                    yield out
+        finally:
+            self.exchange.sessions.pop(self.id, None)
+            await self._forget_consumer()
+
+    # -- reading ---------------------------------------------------------------------------
+    def _free_credit(self) -> int:
+        now = time.monotonic()
+        expired = [d for d, deadline in self._in_flight.items() if deadline <= now]
+        for d in expired:
+            del self._in_flight[d]
+        return max(0, self.max_in_flight - len(self._in_flight))
+
+    async def _next_entries(self, credit: int) -> list:
+        """(key, entry_id, fields, redelivered) tuples: backlog, then claims, then new entries."""
+        if self._backlog:
+            return [self._backlog.popleft() for _ in range(min(credit, len(self._backlog)))]
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            await self._refresh()
+            self._next_refresh = now + _REFRESH_S
+        if not self._streams:
+            await asyncio.sleep(_BLOCK_MS / 1000)
+            return []
+        if now >= self._next_claim:
+            self._next_claim = now + self.visibility_ms / 4000
+            claimed = await self._claim(credit)
+            if claimed:
+                return claimed
+        try:
+            reply = await self.redis.xreadgroup(self.subscriber, self.id, {k: ">" for k in self._streams},
+                                                count=credit, block=_BLOCK_MS)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise Unavailable(f"Redis failed: {exc}") from exc
+            self._streams.clear()  # a stream or group was deleted (admin): find them again
+            self._next_refresh = 0.0
+            return []
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}; subscribe again") from exc
+        return [(key.decode(), eid.decode(), fields, False) for key, entries in reply or ()
+                for eid, fields in entries]
+
+    async def _claim(self, credit: int) -> list:
+        out = []
+        for key in list(self._streams):
+            if len(out) >= credit:
+                break
+            try:
+                reply = await self.redis.xautoclaim(key, self.subscriber, self.id, self.visibility_ms,
+                                                    start_id=self._claim_cursor.get(key, "0-0"),
+                                                    count=credit - len(out))
+            except ResponseError:
+                continue  # NOGROUP: trimmed or deleted; the next refresh sorts it out
+            except (RedisError, OSError) as exc:
+                raise Unavailable(f"Redis is unreachable: {exc}; subscribe again") from exc
+            cursor, entries = reply[0], reply[1]
+            self._claim_cursor[key] = cursor.decode() if isinstance(cursor, bytes) else cursor
+            gone = [eid for eid, fields in entries if not fields]  # deleted by retention while pending
+            if gone:
+                await self._redis(self.redis.xack(key, self.subscriber, *gone))
+            out += [(key, eid.decode(), fields, True) for eid, fields in entries if fields]
+        return out
+
+    async def _refresh(self) -> None:
+        """Find new matching streams (creating the group at the start position) and latest versions."""
+        for kind, producer in await self.exchange.topics(self.run_id):
+            key = stream_key(self.run_id, kind, producer)
+            if key in self._streams or kind not in self.kinds or not self._wants(producer):
+                continue
+            try:
+                await self.redis.xgroup_create(key, self.subscriber, id=self._start_id, mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):  # the policy's group exists: keep its position
+                    raise Unavailable(f"Redis failed: {exc}") from exc
+            except (RedisError, OSError) as exc:
+                raise Unavailable(f"Redis is unreachable: {exc}; subscribe again") from exc
+            self._streams[key] = (kind, producer)
+        if self.max_lag is not None:
+            self._versions = await self.exchange.latest_versions(self.run_id)
+
+    def _wants(self, producer: str) -> bool:
+        if self.producers:
+            return producer in self.producers
+        return self.include_own or producer != self.subscriber
+
+    # -- delivering ------------------------------------------------------------------------
+    def _deliver(self, entries) -> list[xpb.Delivery]:
+        out, stale = [], []
+        now_ms = time.time() * 1000
+        deadline = time.monotonic() + self.visibility_ms / 1000
+        m = self.exchange.metrics
+        for key, entry_id, fields, redelivered in entries:
+            kind, producer = self._streams.get(key, (None, None))
+            if kind is None:
+                continue
+            version = int(fields[b"v"])
+            if self._is_stale(producer, version):
+                stale.append((key, entry_id))
+                continue
+            delivery_id = f"{kind}:{producer}:{entry_id}"
+            appended_ms = int(entry_id.split("-", 1)[0])
+            d = xpb.Delivery(delivery_id=delivery_id, redelivered=redelivered, appended_at_ms=appended_ms)
+            d.experience.ParseFromString(fields[b"e"])
+            out.append(d)
+            self._in_flight[delivery_id] = deadline
+            m.delivered.labels(kind).inc()
+            if redelivered:
+                m.redelivered.inc()
+            else:
+                m.latency.observe(max(0.0, now_ms - appended_ms) / 1000)
+        if stale:
+            m.stale.inc(len(stale))
+            asyncio.get_running_loop().create_task(self._ack_stale(stale))
+        return out
+
+    def _is_stale(self, producer: str, version: int) -> bool:
+        if version < self.min_version:
+            return True
+        if self.max_lag is not None:
+            return version + self.max_lag < self._versions.get(producer, 0)
+        return False
+
+    async def _ack_stale(self, stale) -> None:
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key, entry_id in stale:
+                    pipe.xack(key, self.subscriber, entry_id)
+                await pipe.execute()
+        except (RedisError, OSError):
+            pass  # not acked: they will be claimed, found stale and dropped again
+
+    async def _forget_consumer(self) -> None:
+        """Remove this subscription's consumer from each group when it holds nothing pending."""
+        try:
+            for key in self._streams:
+                pending = await self.redis.xpending_range(key, self.subscriber, min="-", max="+", count=1,
+                                                          consumername=self.id)
+                if not pending:
+                    await self.redis.xgroup_delconsumer(key, self.subscriber, self.id)
+        except (RedisError, OSError, asyncio.CancelledError):
+            pass  # best effort: an idle consumer with nothing pending costs nothing
+
+    async def _redis(self, awaitable):
+        try:
+            return await awaitable
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc

@@ -1,0 +1,67 @@
+"""Fixtures: a real embedded redis-server (unix socket in a temp folder, never anyone else's data)
+and real exchange servers on free loopback ports, run on an event loop in a background thread."""
+import asyncio
+import threading
+import uuid
+
+import pytest
+
+from mrl.embedded_redis import EmbeddedRedis
+from mrl_exchange.app import ExchangeServer
+from mrl_exchange.settings import ExchangeSettings
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+class RunningExchange:
+    """An ExchangeServer on its own event loop in a thread; `target` is host:port for clients."""
+
+    def __init__(self, redis_url: str, **overrides):
+        overrides = {"port": 0, "admin_port": 0, **overrides}
+        self.settings = ExchangeSettings(redis_url=redis_url, **overrides)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = self._run(self._make(redis_url))
+        self._run(self.server.start())
+        self.target = f"127.0.0.1:{self.server.port}"
+        self.admin = f"http://127.0.0.1:{self.server.admin_port}"
+
+    async def _make(self, redis_url):
+        return ExchangeServer(self.settings, redis_url)
+
+    def _run(self, coro, timeout=30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self):
+        self._run(self.server.stop(grace_s=0.5))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def start_exchange(redis_url):
+    started = []
+
+    def start(**overrides) -> RunningExchange:
+        ex = RunningExchange(overrides.pop("redis_url", redis_url), **overrides)
+        started.append(ex)
+        return ex
+
+    yield start
+    for ex in started:
+        ex.stop()
+
+
+@pytest.fixture
+def exchange(start_exchange):
+    return start_exchange()
+
+
+@pytest.fixture
+def run_id():
+    return f"run-{uuid.uuid4().hex[:12]}"
