@@ -38,6 +38,8 @@ class RunningExchange:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self):
+        if not self.thread.is_alive():
+            return
         self._run(self.server.stop(grace_s=0.5))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)

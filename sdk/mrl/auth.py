@@ -95,6 +95,9 @@ class Authenticator:
             return cls()
         try:
             doc = yaml.safe_load(pathlib.Path(path).read_text()) or {}
+            if not isinstance(doc, dict):
+                raise InvalidArgument(f"auth file {path}: expected a mapping with a 'principals' list, "
+                                      f"got a {type(doc).__name__}")
             return cls([Principal(**p) for p in doc.get("principals", [])])
         except (OSError, yaml.YAMLError, ValidationError, TypeError) as exc:
             raise InvalidArgument(f"auth file {path}: {exc}") from exc

@@ -5,7 +5,6 @@ admin principal's bearer token when auth is on. OpenAPI at /openapi.json, docs a
 """
 from fastapi import Depends, FastAPI, Header, HTTPException, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
-from google.protobuf.json_format import MessageToDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mrl import experience
@@ -53,9 +52,7 @@ def create_admin_app(exchange: Exchange, auth: Authenticator, limiter: RateLimit
     async def topics(run_id: str):
         experience.validate_name("run_id", run_id)
         stats = await exchange.topic_stats(run_id)
-        return {"run_id": run_id, "topics": [
-            MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for s in stats]}
+        return {"run_id": run_id, "topics": [_topic_json(s) for s in stats]}
 
     @app.post("/v1/runs/{run_id}/topics/{kind}/{producer}/trim", dependencies=[Depends(admin)])
     async def trim(run_id: str, kind: str, producer: str, maxlen: int = Query(..., ge=0)):
@@ -67,3 +64,11 @@ def create_admin_app(exchange: Exchange, auth: Authenticator, limiter: RateLimit
         return {"deleted_keys": await exchange.delete_run(run_id)}
 
     return app
+
+
+def _topic_json(s) -> dict:
+    """TopicStats as plain JSON (numbers as numbers: MessageToDict writes uint64 as strings)."""
+    return {"kind": experience.kind_name(s.topic.kind), "producer": s.topic.producer, "length": s.length,
+            "last_id": s.last_id, "latest_policy_version": s.latest_policy_version,
+            "groups": [{"subscriber": g.subscriber, "pending": g.pending, "lag": g.lag,
+                        "last_delivered_id": g.last_delivered_id, "consumers": g.consumers} for g in s.groups]}

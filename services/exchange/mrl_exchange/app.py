@@ -1,6 +1,7 @@
 """Run the exchange: Redis (embedded unless MRL_REDIS_URL is set), gRPC and the REST admin."""
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 
@@ -71,6 +72,8 @@ class ExchangeServer:
 async def _serve(settings: ExchangeSettings, redis_url: str) -> None:
     server = ExchangeServer(settings, redis_url)
     await server.start()
+    # One JSON line on stdout tells a parent process (mrl up, the demo, the benchmark) where we listen.
+    print(json.dumps({"ready": "exchange", "grpc_port": server.port, "admin_port": server.admin_port}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

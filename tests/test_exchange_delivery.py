@@ -1,0 +1,168 @@
+"""Delivery semantics over real Redis and real gRPC: at-least-once, credit, groups, staleness, restart."""
+import queue
+import threading
+import time
+
+import pytest
+
+from helpers import rollout
+from mrl.embedded_redis import EmbeddedRedis
+from mrl.exchange_client import ExchangeClient
+
+
+class Collector:
+    """Iterates a subscription in a thread, so a test can watch what arrives and when."""
+
+    def __init__(self, subscription):
+        self.subscription = subscription
+        self.items: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        for d in self.subscription:
+            self.items.put(d)
+
+    def take(self, n, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        out = []
+        while len(out) < n:
+            out.append(self.items.get(timeout=max(0.01, deadline - time.monotonic())))
+        return out
+
+    def nothing_more(self, wait=1.0) -> bool:
+        try:
+            self.items.get(timeout=wait)
+            return False
+        except queue.Empty:
+            return True
+
+    def close(self):
+        self.subscription.close()
+        self.thread.join(5)
+
+
+def test_unacked_deliveries_are_redelivered_after_the_subscriber_dies(exchange, run_id):
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id) for _ in range(3)])
+        first = Collector(see.subscribe(run_id, "policy-b", start="earliest", visibility_timeout_s=0.5))
+        got = first.take(3)
+        assert not any(d.redelivered for d in got)
+        first.close()  # dies without acking
+        second = Collector(see.subscribe(run_id, "policy-b", visibility_timeout_s=0.5))
+        again = second.take(3)
+        assert {d.delivery_id for d in again} == {d.delivery_id for d in got}
+        assert all(d.redelivered for d in again)
+        second.subscription.ack(again)
+        assert second.nothing_more(1.5)  # acked: never again
+        second.close()
+
+
+def test_in_flight_never_exceeds_the_granted_credit(exchange, run_id):
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id) for _ in range(10)])
+        c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_in_flight=3))
+        got = c.take(3)
+        assert c.nothing_more(1.0)
+        sessions = list(exchange.server.exchange.sessions.values())
+        assert [s.in_flight for s in sessions] == [3]
+        c.subscription.ack(got[:2])
+        more = c.take(2)
+        assert c.nothing_more(0.7)
+        c.subscription.ack([got[2], *more])
+        rest = c.take(3)
+        c.subscription.ack(rest)
+        c.take(2)
+        assert c.nothing_more(0.5)
+        c.close()
+
+
+def test_two_consumer_groups_each_see_every_entry(exchange, run_id):
+    with ExchangeClient(exchange.target) as see:
+        b = Collector(see.subscribe(run_id, "policy-b", start="earliest"))
+        c = Collector(see.subscribe(run_id, "policy-c", start="earliest"))
+        sent = [rollout(run_id, "policy-a") for _ in range(20)]
+        see.publish(sent)
+        ids = {e.experience_id for e in sent}
+        for col in (b, c):
+            got = col.take(20)
+            assert {d.experience.experience_id for d in got} == ids
+            col.subscription.ack(got)
+            col.close()
+
+
+def test_start_latest_skips_what_was_published_before(exchange, run_id):
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id)])
+        c = Collector(see.subscribe(run_id, "policy-b", start="latest"))
+        time.sleep(0.3)
+        new = rollout(run_id)
+        see.publish([new])
+        assert [d.experience.experience_id for d in c.take(1)] == [new.experience_id]
+        assert c.nothing_more(0.5)
+        c.close()
+
+
+@pytest.mark.parametrize("bound, delivered_versions", [
+    ({"min_policy_version": 5}, [5, 6, 10]),
+    ({"max_version_lag": 4}, [6, 10]),
+], ids=["min_policy_version", "max_version_lag"])
+def test_staleness_bound_drops_old_producer_versions(exchange, run_id, bound, delivered_versions):
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id, version=v) for v in (1, 3, 5, 6, 10)])
+        c = Collector(see.subscribe(run_id, "policy-b", start="earliest", **bound))
+        got = c.take(len(delivered_versions))
+        assert sorted(d.experience.policy_version for d in got) == delivered_versions
+        assert c.nothing_more(0.7)
+        c.close()
+        stats = see.topic_stats(run_id)[0]
+        assert stats.latest_policy_version == 10
+        # dropped entries were acked, so only the delivered (un-acked) ones stay pending
+        assert stats.groups[0].pending == len(delivered_versions)
+
+
+def test_exchange_and_redis_restart_keep_undelivered_entries(start_exchange, run_id, tmp_path):
+    redis = EmbeddedRedis(tmp_path / "redis")
+    url = redis.start()
+    try:
+        ex = start_exchange(redis_url=url)
+        sent = [rollout(run_id) for _ in range(5)]
+        with ExchangeClient(ex.target) as see:
+            see.publish(sent)
+            c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_in_flight=2,
+                                        visibility_timeout_s=0.5))
+            c.take(2)  # delivered, never acked
+            c.close()
+        ex.stop()
+        redis.stop()  # SHUTDOWN: the AOF is flushed
+        url = redis.start()
+        ex = start_exchange(redis_url=url)
+        with ExchangeClient(ex.target) as see:
+            c = Collector(see.subscribe(run_id, "policy-b", visibility_timeout_s=0.5))
+            got = c.take(5)
+            assert {d.experience.experience_id for d in got} == {e.experience_id for e in sent}
+            assert sum(d.redelivered for d in got) == 2
+            c.subscription.ack(got)
+            c.close()
+    finally:
+        redis.stop()
+
+
+def test_admin_rest_reports_lag_pending_and_trims_and_deletes(exchange, run_id):
+    import httpx
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id) for _ in range(6)])
+        c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_in_flight=2))
+        c.take(2)
+        time.sleep(0.3)
+        topics = httpx.get(f"{exchange.admin}/v1/runs/{run_id}/topics").json()["topics"]
+        group = topics[0]["groups"][0]
+        assert (topics[0]["length"], group["subscriber"], group["pending"], group["lag"]) == (6, "policy-b", 2, 4)
+        c.close()
+        assert run_id in httpx.get(f"{exchange.admin}/v1/runs").json()["runs"]
+        r = httpx.post(f"{exchange.admin}/v1/runs/{run_id}/topics/rollout/policy-a/trim", params={"maxlen": 1})
+        assert r.status_code == 200 and r.json()["removed"] == 5
+        assert httpx.delete(f"{exchange.admin}/v1/runs/{run_id}").status_code == 200
+        assert see.list_topics(run_id) == []
+        metrics = httpx.get(f"{exchange.admin}/metrics").text
+        assert 'mrl_exchange_published_total{kind="rollout"}' in metrics
