@@ -166,3 +166,19 @@ def test_admin_rest_reports_lag_pending_and_trims_and_deletes(exchange, run_id):
         assert see.list_topics(run_id) == []
         metrics = httpx.get(f"{exchange.admin}/metrics").text
         assert 'mrl_exchange_published_total{kind="rollout"}' in metrics
+
+
+@pytest.mark.parametrize("settings, low, high", [
+    ({"retention_maxlen": 10}, 10, 301),      # the newest 10 kept, at most a node (100) more
+    ({"retention_max_age_s": 0.3}, 1, 101),   # only the last publish is younger than 0.3 s
+], ids=["maxlen", "max_age"])
+def test_retention_trims_streams_at_append(start_exchange, run_id, settings, low, high):
+    ex = start_exchange(**settings)
+    with ExchangeClient(ex.target) as see:
+        for _ in range(3):
+            see.publish([rollout(run_id) for _ in range(200)])
+            time.sleep(0.4)
+        see.publish([rollout(run_id)])
+        # trimming is approximate (whole radix-tree nodes of 100 entries), never past the bound
+        length = see.topic_stats(run_id)[0].length
+        assert low <= length <= high, length

@@ -1,0 +1,56 @@
+"""Smoke runs of the CLI entry points: token, up, demo."""
+import signal
+import subprocess
+import sys
+
+import yaml
+
+from mrl.auth import Authenticator, hash_token
+from mrl.cli import main
+
+
+def test_token_new_prints_a_token_and_an_entry_holding_only_its_hash(capsys, tmp_path):
+    main(["token", "new", "--name", "lab-b", "--policy", "qwen", "--runs", "run-7"])
+    out = capsys.readouterr().out
+    token = out.splitlines()[1].lstrip("# ").strip()
+    entry = yaml.safe_load(out)["principals"][0]
+    assert entry == {"name": "lab-b", "role": "policy", "runs": ["run-7"], "token_sha256": hash_token(token),
+                     "policy": "qwen"}
+    path = tmp_path / "auth.yaml"
+    path.write_text(out)
+    assert Authenticator.from_file(path).authenticate(f"Bearer {token}").policy == "qwen"
+
+
+def test_up_runs_the_topology_and_stops_cleanly_on_ctrl_c(tmp_path):
+    config = tmp_path / "local.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "d"), "exchange": {"port": 0, "admin_port": 0}}))
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("mrl up: redis unix://"), first
+        assert "exchange  gRPC 127.0.0.1:" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        assert proc.wait(20) == 0
+        assert "mrl up: stopped" in rest
+    finally:
+        proc.kill()
+    assert not (tmp_path / "d" / "redis" / "redis.sock").exists()  # Redis was shut down too
+
+
+def test_demo_delivers_every_peer_experience(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "mrl.cli", "demo", "--steps", "3", "--group-size", "4"],
+                         capture_output=True, text=True, timeout=120, env={"MRL_DATA_DIR": str(tmp_path),
+                                                                            "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "every peer experience received and acked: True" in out.stdout
+
+
+def test_settings_come_from_the_config_file_under_the_environment(tmp_path, monkeypatch):
+    from mrl_exchange.settings import ExchangeSettings
+    path = tmp_path / "mrl.yaml"
+    path.write_text("port: 6000\nmax_batch: 7\nrate_limit_burst: 7\n")
+    monkeypatch.setenv("MRL_CONFIG", str(path))
+    monkeypatch.setenv("MRL_MAX_BATCH", "5")
+    s = ExchangeSettings()
+    assert (s.port, s.max_batch) == (6000, 5)
