@@ -48,3 +48,54 @@ def test_subscriber_filters_kinds_and_producers_and_skips_its_own(exchange, run_
         assert {d.kind for d in got} == {"rollout"}
         sub.ack(got)
         sub.close()
+
+
+def test_health_checking_and_reflection_are_served(exchange):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+    with grpc.insecure_channel(exchange.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service="mrl.v1.ExperienceExchange")).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        reply = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in reply.list_services_response.service}
+        assert "mrl.v1.ExperienceExchange" in names
+
+
+def test_async_client_round_trip(exchange, run_id):
+    import asyncio
+    from mrl.exchange_client import AsyncExchangeClient
+
+    async def scenario():
+        async with AsyncExchangeClient(exchange.target) as see:
+            sent = one_of_each(run_id, "policy-a")
+            assert (await see.publish(sent)).accepted == 4
+            got = []
+            async for d in see.subscribe(run_id, "policy-b", start="earliest"):
+                got.append(d)
+                assert await d.ack() == 1
+                if len(got) == 4:
+                    break
+            return got
+
+    got = asyncio.run(scenario())
+    assert sorted(d.kind for d in got) == ["group_stats", "policy_stats", "rollout", "success"]
+
+
+def test_subscription_reconnects_after_the_exchange_restarts(start_exchange, run_id):
+    first = start_exchange()
+    port = first.server.port
+    with ExchangeClient(first.target) as see:
+        sub = iter(see.subscribe(run_id, "policy-b", start="earliest"))
+        see.publish([rollout(run_id)])
+        next(sub).ack()
+        first.stop()
+        second = start_exchange(port=port)  # same address: the client's channel reconnects
+        with ExchangeClient(second.target) as publisher:
+            later = rollout(run_id)
+            publisher.publish([later])
+        d = next(sub)
+        assert d.experience.experience_id == later.experience_id
+        d.ack()
