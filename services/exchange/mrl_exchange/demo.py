@@ -66,23 +66,17 @@ def _produce(target: str, run_id: str, policy: str, steps: int, group_size: int,
                 sent[kind] = sent.get(kind, 0) + 1
 
 
-def _consume(target: str, run_id: str, policy: str, expected: dict, got: dict, latencies: list,
-             done: threading.Event) -> None:
-    with ExchangeClient(target) as see:
-        sub = see.subscribe(run_id, policy, start="earliest", max_in_flight=256)
-        pending = []
-        for d in sub:
-            got[d.kind] = got.get(d.kind, 0) + 1
-            got["redelivered"] = got.get("redelivered", 0) + d.redelivered
-            latencies.append(time.time() * 1000 - d.experience.created_at.ToMilliseconds())
-            pending.append(d)
-            if len(pending) >= 64 or d.kind == "policy_stats":
-                sub.ack(pending)
-                pending = []
-            if done.is_set() and all(got.get(k, 0) >= n for k, n in expected.items()):
-                break
-        sub.ack(pending)
-        sub.close()
+def _consume(sub, got: dict, latencies: list) -> None:
+    """Receive the peer's experience until the subscription is closed; ack each delivery."""
+    for d in sub:
+        got[d.kind] = got.get(d.kind, 0) + 1
+        got["redelivered"] = got.get("redelivered", 0) + d.redelivered
+        latencies.append(time.time() * 1000 - d.experience.created_at.ToMilliseconds())
+        d.ack()
+
+
+def _complete(sent: dict, got: dict, peer: dict) -> bool:
+    return all(got[p].get(k, 0) >= n for p, q in peer.items() for k, n in sent[q].items())
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -101,22 +95,26 @@ def main(steps: int = 20, group_size: int = 8) -> None:
         sent = {p: {} for p in policies}
         got = {p: {} for p in policies}
         lat = {p: [] for p in policies}
-        produced = threading.Event()
+        peer = dict(zip(policies, reversed(policies)))
         t0 = time.perf_counter()
-        # Each policy receives its peer's experience: expected = what the peer sent (known once it is done).
-        consumers = [threading.Thread(target=_consume, args=(target, run_id, p, sent[q], got[p], lat[p], produced))
-                     for p, q in zip(policies, reversed(policies))]
-        producers = [threading.Thread(target=_produce, args=(target, run_id, p, steps, group_size, sent[p]))
-                     for p in policies]
-        for t in consumers + producers:
-            t.start()
-        for t in producers:
-            t.join()
-        produced.set()
-        for t in consumers:
-            t.join(timeout=60)
-        elapsed = time.perf_counter() - t0
         with ExchangeClient(target) as see:
+            subs = {p: see.subscribe(run_id, p, start="earliest", max_in_flight=256) for p in policies}
+            consumers = [threading.Thread(target=_consume, args=(subs[p], got[p], lat[p])) for p in policies]
+            producers = [threading.Thread(target=_produce, args=(target, run_id, p, steps, group_size, sent[p]))
+                         for p in policies]
+            for t in consumers + producers:
+                t.start()
+            for t in producers:
+                t.join()
+            # Each policy receives what its peer sent, known now that the producers are done.
+            deadline = time.monotonic() + 60
+            while not _complete(sent, got, peer) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            elapsed = time.perf_counter() - t0
+            for p in policies:
+                subs[p].close()
+            for t in consumers:
+                t.join(10)
             stats = see.topic_stats(run_id)
     kinds = ["rollout", "group_stats", "success", "policy_stats"]
     print(f"\n{'policy':<14}{'sent':>40}   {'received from peer':>40}")
@@ -131,7 +129,7 @@ def main(steps: int = 20, group_size: int = 8) -> None:
         print(f"  {pb.ExperienceKind.Name(s.topic.kind):<30} {s.topic.producer:<14} length {s.length:>5}  "
               f"v{s.latest_policy_version:<3} {groups}")
     total = sum(sum(d.values()) for d in sent.values())
-    complete = all(got[p].get(k, 0) >= n for p, q in zip(policies, reversed(policies)) for k, n in sent[q].items())
+    complete = _complete(sent, got, peer)
     print(f"\n{total} experiences published and delivered in {elapsed:.2f} s; every peer experience received "
           f"and acked: {complete}")
     if not complete:
