@@ -239,6 +239,34 @@ def test_admin_publish_as_anyone_is_stored_under_that_producer(env):
         sub.close()
 
 
+def test_ack_cannot_release_another_policys_subscription_credit(env):
+    """policy-a acking (as itself) with policy-b's subscription_id must not free policy-b's credit:
+    policy-b, at max_in_flight=1 with one delivery un-acked, gets nothing more."""
+    run = env.runs["R"]
+    env.client("admin").publish([rollout(run, "policy-c") for _ in range(3)])
+    b = env.client("policy-b").subscribe(run, "policy-b", producers=["policy-c"], start="earliest",
+                                          max_in_flight=1)
+    deliveries = iter(b)
+    try:
+        first = next(deliveries)
+        assert b.ack([first]) == 1  # control: b's own ack frees its credit, the next one comes
+        second = next(deliveries)
+        a = env.client("policy-a")
+        try:
+            a.ack(run, "policy-a", [second.delivery_id], subscription_id=b.subscription_id)
+        except errors.MrlError:
+            pass  # refusing the mismatched subscription_id is fine too
+        timer = threading.Timer(1.5, b.close)
+        timer.start()
+        more = list(itertools.islice(deliveries, 1))
+        timer.cancel()
+        assert more == [], "policy-a's ack released policy-b's credit"
+    finally:
+        b.close()
+    stats = {s.topic.producer: s for s in env.client("admin").topic_stats(run, producer="policy-c")}
+    assert [g.pending for g in stats["policy-c"].groups if g.subscriber == "policy-b"] == [1]
+
+
 # -- REST admin ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method, path, who, status", [
     pytest.param("GET", "/v1/runs", None, 401, id="runs-no-token-401"),
@@ -315,6 +343,18 @@ def test_malformed_auth_file_fails_to_load_clearly(tmp_path, doc, fragment):
     with pytest.raises(errors.InvalidArgument) as info:
         Authenticator.from_file(path)
     assert fragment in str(info.value)
+
+
+def test_auth_file_error_does_not_echo_a_plaintext_token(tmp_path):
+    """A token pasted where its hash belongs must not end up in the error (and so in logs)."""
+    token = new_token()
+    path = tmp_path / "auth.yaml"
+    path.write_text(yaml.safe_dump({"principals": [{"name": "a", "role": "admin", "token_sha256": token}]}))
+    with pytest.raises(errors.InvalidArgument) as info:
+        Authenticator.from_file(path)
+    assert "token_sha256" in str(info.value)
+    assert token not in str(info.value) and token[4:20] not in str(info.value)
+    assert info.value.__cause__ is None or token not in str(info.value.__cause__)
 
 
 def test_missing_auth_file_fails_to_load(tmp_path):

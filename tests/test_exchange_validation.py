@@ -220,8 +220,8 @@ def test_undecodable_bytes_are_invalid_argument_on_every_method(ex):
 
 
 # -- Subscribe, Ack, ListTopics, GetTopicStats ----------------------------------------------------
-def _subscribe(run_id, **fields):
-    return xpb.SubscribeRequest(**{"run_id": run_id, "subscriber": "policy-a", **fields})
+def _subscribe(run, **fields):
+    return xpb.SubscribeRequest(**{"run_id": run, "subscriber": "policy-a", **fields})
 
 
 @pytest.mark.parametrize("fields, fragments", [
@@ -237,6 +237,9 @@ def _subscribe(run_id, **fields):
     pytest.param({"max_in_flight": MAX_IN_FLIGHT_LIMIT + 1},
                  [f"max_in_flight {MAX_IN_FLIGHT_LIMIT + 1} exceeds this exchange's limit {MAX_IN_FLIGHT_LIMIT}"],
                  id="max-in-flight-over-limit"),
+    pytest.param({"start": 99}, ["start 99 is not a StartPosition"], id="start-99"),
+    pytest.param({"visibility_timeout_ms": 1}, ["visibility_timeout_ms 1 must be between 100"],
+                 id="visibility-timeout-1ms"),
 ])
 def test_subscribe_rejects_bad_request(stub, run_id, fields, fragments):
     invalid(stub.Subscribe, _subscribe(run_id, **fields), *fragments)

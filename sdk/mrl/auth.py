@@ -49,7 +49,7 @@ class Principal(BaseModel):
     role: Literal["policy", "admin"]
     policy: str | None = Field(None, description="The policy id a `policy` principal acts as.")
     runs: list[str] = Field(default_factory=lambda: ["*"], description="Runs it belongs to; '*' is every run.")
-    token_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    token_sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the token")
 
     @model_validator(mode="after")
     def _policy_needs_id(self):
@@ -77,7 +77,7 @@ class Principal(BaseModel):
             raise PermissionDenied(f"principal {self.name!r} is not an admin")
 
 
-ANONYMOUS = Principal(name="anonymous", role="admin")
+ANONYMOUS = Principal(name="anonymous", role="admin", token_sha256="0" * 64)  # never matched: auth is off
 
 
 class Authenticator:
@@ -99,7 +99,12 @@ class Authenticator:
                 raise InvalidArgument(f"auth file {path}: expected a mapping with a 'principals' list, "
                                       f"got a {type(doc).__name__}")
             return cls([Principal(**p) for p in doc.get("principals", [])])
-        except (OSError, yaml.YAMLError, ValidationError, TypeError) as exc:
+        except ValidationError as exc:
+            # Without the input values: a token pasted where its hash belongs must not reach the logs.
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'principal'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False, include_input=False))
+            raise InvalidArgument(f"auth file {path}: {problems}") from None
+        except (OSError, yaml.YAMLError, TypeError) as exc:
             raise InvalidArgument(f"auth file {path}: {exc}") from exc
 
     def authenticate(self, authorization: str | None) -> Principal:

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from mrl import experience
-from mrl.errors import InvalidArgument, NotFound, Unavailable
+from mrl.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
@@ -165,6 +165,11 @@ class Exchange:
         """XACK each delivery in the subscriber's group; return credit to its live subscription."""
         experience.validate_name("run_id", run_id)
         experience.validate_name("subscriber", subscriber)
+        session = self.sessions.get(subscription_id)
+        if session is not None and (session.run_id, session.subscriber) != (run_id, subscriber):
+            # Acking under another policy's subscription would release that subscription's credit.
+            raise PermissionDenied(f"subscription {subscription_id!r} is not a subscription of {subscriber!r} "
+                                   f"in run {run_id!r}")
         parsed = [parse_delivery_id(d) for d in delivery_ids]
         by_stream: dict[str, list[str]] = {}
         for kind, producer, entry_id in parsed:
@@ -176,7 +181,6 @@ class Exchange:
                 acked = sum(await pipe.execute())
         except (RedisError, OSError) as exc:
             raise Unavailable(f"Redis is unreachable or failed: {exc}; ack again (acks are idempotent)") from exc
-        session = self.sessions.get(subscription_id)
         if session is not None:
             session.release(delivery_ids)
         self.metrics.acked.inc(acked)

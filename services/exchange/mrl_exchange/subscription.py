@@ -31,6 +31,8 @@ __all__ = ["Subscription"]
 
 _REFRESH_S = 1.0  # how often new topics and producers' latest versions are looked up
 _BLOCK_MS = 250   # longest XREADGROUP wait, so new topics and claims are noticed
+_MIN_VISIBILITY_MS, _MAX_VISIBILITY_MS = 100, 24 * 3600 * 1000
+_STARTS = frozenset(xpb.StartPosition.values())
 
 
 class Subscription:
@@ -49,6 +51,11 @@ class Subscription:
         self.min_version = request.min_policy_version
         self.max_lag = request.max_version_lag if request.HasField("max_version_lag") else None
         self.visibility_ms = request.visibility_timeout_ms or int(s.visibility_timeout_s * 1000)
+        if not _MIN_VISIBILITY_MS <= self.visibility_ms <= _MAX_VISIBILITY_MS:
+            raise InvalidArgument(f"visibility_timeout_ms {self.visibility_ms} must be between {_MIN_VISIBILITY_MS} "
+                                  f"and {_MAX_VISIBILITY_MS} (0: the server default)")
+        if request.start not in _STARTS:
+            raise InvalidArgument(f"start {request.start} is not a StartPosition; use LATEST or EARLIEST")
         self.earliest = request.start == xpb.START_POSITION_EARLIEST
         self.id = uuid.uuid4().hex
         self._in_flight: dict[str, float] = {}   # delivery_id -> monotonic deadline
