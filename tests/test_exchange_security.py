@@ -496,3 +496,27 @@ def test_experience_size_limit(start_exchange, run_id):
             c.publish([rollout(run_id), big])
         assert "the limit is 4096 bytes" in str(info.value) and big.experience_id in str(info.value)
         assert [s.length for s in c.topic_stats(run_id)] == [1]
+
+
+def test_oversize_batch_is_invalid_even_when_it_exceeds_the_burst(start_exchange, run_id):
+    ex = start_exchange(rate_limit_per_s=5, rate_limit_burst=8, max_batch=8)
+    stub = exchange_pb2_grpc.ExperienceExchangeStub(grpc.insecure_channel(ex.target))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Publish(xpb.PublishRequest(experiences=[rollout(run_id) for _ in range(9)]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 8 per Publish" in info.value.details()
+
+
+def test_failed_authentication_is_rate_limited_per_peer(start_exchange, auth_file, run_id):
+    path, tokens = auth_file
+    ex = start_exchange(auth_file=path, rate_limit_per_s=1, rate_limit_burst=3, max_batch=3)
+    codes = []
+    with ExchangeClient(ex.target, "mrl_guessed-token", backoff=Backoff(attempts=1)) as guesser:
+        for _ in range(5):
+            try:
+                guesser.list_topics(run_id)
+            except (errors.Unauthenticated, errors.ResourceExhausted) as exc:
+                codes.append(type(exc).__name__)
+    assert codes == ["Unauthenticated"] * 3 + ["ResourceExhausted"] * 2
+    with ExchangeClient(ex.target, tokens["policy-a"]) as a:  # a principal's own budget is untouched
+        assert a.list_topics(run_id) == []
