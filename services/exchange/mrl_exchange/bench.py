@@ -12,10 +12,12 @@ What is measured, on one Redis (embedded, AOF everysec, unless MRL_REDIS_URL is 
         next XREADGROUP in one pipeline. Same counts, same delivery semantics (each group
         reads every entry once and acks it); no validation, dedupe or protobuf.
 
-Each worker is a process (the bench machine may have only 2 cores: processes keep the GIL
-out of the measurement). After a warm-up (streams found, connections open) all workers
-start together. Throughput = experiences published ÷ (first publish → last ack of the last
-subscriber): each counted experience was delivered to and acked by every subscriber.
+Workers run as threads of two processes, one for the producers and one for the subscribers
+(on a 2-core machine this beat one process per worker for both systems: fewer processes
+contending with Redis and the exchange). After a warm-up (streams found, connections open,
+Lua script loaded) all workers start together. Throughput = experiences published ÷ (first
+publish → last ack of the last subscriber): each counted experience was delivered to and
+acked by every subscriber.
 Latency = subscriber receive time − the experience's creation time, stamped just before
 its Publish (raw: a timestamp field written just before the XADD pipeline), same host
 clock; p50/p99 over every delivery of the phase. A third phase paces the producers to half
@@ -28,9 +30,12 @@ import os
 import platform
 import tempfile
 import time
+import threading
 import uuid
+import queue
 
 import redis
+from redis.utils import HIREDIS_AVAILABLE
 
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
@@ -46,13 +51,13 @@ TARGETS = {"ratio": 0.5, "p99_ms_at_half_load": 10}
 def rollout_payload(i: int = 0) -> pb.Rollout:
     """A rollout whose experience serializes to about 1 KiB."""
     return pb.Rollout(prompt_id=f"arith/0/{i}", prompt_text="What is 17 * 23 + 4? Answer with a number.",
-                      response_text="17 * 23 = 391, plus 4 is 395. The answer is 395.",
+                      response_text="17 * 23 = 391, and 391 plus 4 is 395. The answer is 395.",
                       token_ids=[(i * 7919 + k * 104729) % 50000 for k in range(120)],
                       logprobs=[-0.01 * (k % 50) for k in range(120)], reward=1.0, verdict=pb.VERDICT_CORRECT,
                       group_id=f"g{i // 8}", tokenizer_id="gpt2", sample_index=i % 8)
 
 
-# -- workers (each runs in its own process; results go to the queue) ----------------------
+# -- workers (threads; each puts one result on the queue) ----------------------------------
 def _produce(system, where, run_id, name, n, rate, barrier):
     template = rollout_payload()
     batches = [WARMUP] + [min(BATCH, n - i) for i in range(0, n, BATCH)]
@@ -84,11 +89,14 @@ def _produce(system, where, run_id, name, n, rate, barrier):
     return {"start": start}
 
 
-def _subscribe(system, where, run_id, name, n, rate, barrier):
+def _subscribe(system, where, run_id, name, n, barrier):
     warm, lat = WARMUP * PRODUCERS, array.array("q")
     if system == "mrl":
         client = ExchangeClient(where)
         sub = client.subscribe(run_id, name, kinds=["rollout"], start="earliest", max_in_flight=CREDIT)
+        acks = queue.SimpleQueue()  # acked by a second thread, as the raw subscriber pipelines its XACKs
+        acker = threading.Thread(target=lambda: [sub.ack(ids) for ids in iter(acks.get, None)])
+        acker.start()
         pending, got = [], 0
         for d in sub:
             now = time.time_ns()
@@ -102,10 +110,12 @@ def _subscribe(system, where, run_id, name, n, rate, barrier):
                 continue
             lat.append(now - d.experience.created_at.ToNanoseconds())
             if len(pending) >= ACK_EVERY or len(lat) == n:
-                sub.ack(pending)
+                acks.put(pending)
                 pending = []
             if len(lat) == n:
                 break
+        acks.put(None)
+        acker.join()
         sub.close()
     else:
         client = redis.Redis.from_url(where)
@@ -136,16 +146,25 @@ def _subscribe(system, where, run_id, name, n, rate, barrier):
     return {"done": done, "lat": lat.tobytes()}
 
 
-def _worker(fn, args, queue):
+def _worker(fn, args, results):
     try:
-        queue.put(fn(*args))
-    except BaseException as exc:  # noqa: BLE001 - report, let the parent fail loudly
-        queue.put({"error": f"{fn.__name__}{args[:4]}: {exc!r}"})
-        raise
+        results.put(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails loudly
+        args[-1].abort()  # the barrier: release the other workers
+        results.put({"error": f"{fn.__name__}{args[:4]}: {exc!r}"})
+
+
+def _group(specs, results):
+    """One process running its workers as threads (the gRPC and Redis calls release the GIL)."""
+    threads = [threading.Thread(target=_worker, args=(fn, args, results)) for fn, args in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _raw_payload() -> bytes:
-    return new_experience("bench-raw", "actor-0", 1, rollout_payload()).SerializeToString()
+    return new_experience(f"bench-{'0' * 12}", "actor-0", 1, rollout_payload()).SerializeToString()
 
 
 def _phase(system, where, redis_url, n, rate=None) -> dict:
@@ -158,36 +177,42 @@ def _phase(system, where, redis_url, n, rate=None) -> dict:
                 r.xgroup_create(f"bench:{{{run_id}}}:actor-{p}", f"learner-{s}", id="0", mkstream=True)
     per_producer = n // PRODUCERS
     ctx = mp.get_context("spawn")
-    queue, barrier = ctx.Queue(), ctx.Barrier(PRODUCERS + SUBSCRIBERS)
+    results_q, barrier = ctx.Queue(), ctx.Barrier(PRODUCERS + SUBSCRIBERS)
     producer_rate = rate / PRODUCERS if rate else None
-    procs = [ctx.Process(target=_worker, args=(_produce, (system, where, run_id, f"actor-{p}", per_producer,
-                                                          producer_rate, barrier), queue))
-             for p in range(PRODUCERS)]
-    procs += [ctx.Process(target=_worker, args=(_subscribe, (system, where, run_id, f"learner-{s}",
-                                                             per_producer * PRODUCERS, rate, barrier), queue))
-              for s in range(SUBSCRIBERS)]
+    producers = [(_produce, (system, where, run_id, f"actor-{p}", per_producer, producer_rate, barrier))
+                 for p in range(PRODUCERS)]
+    subscribers = [(_subscribe, (system, where, run_id, f"learner-{s}", per_producer * PRODUCERS, barrier))
+                   for s in range(SUBSCRIBERS)]
+    procs = [ctx.Process(target=_group, args=(specs, results_q), daemon=True) for specs in (producers, subscribers)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=300) for _ in procs]
+    results, deadline = [], time.monotonic() + 300
+    while len(results) < PRODUCERS + SUBSCRIBERS:
+        try:
+            results.append(results_q.get(timeout=1))
+        except queue.Empty:
+            if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.terminate()
+                raise RuntimeError(f"bench {system}: workers stopped or timed out ({len(results)} reported)")
     for p in procs:
         p.join()
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise RuntimeError(f"bench {system} workers failed: {errors}")
-    _cleanup(redis_url, run_id)
     start = min(r["start"] for r in results if "start" in r)
     done = max(r["done"] for r in results if "done" in r)
     lat = sorted(x for r in results if "lat" in r for x in array.array("q", r["lat"]))
     pct = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] / 1e6, 3)  # noqa: E731
     total = per_producer * PRODUCERS
-    return {"experiences": total, "deliveries": len(lat), "seconds": round((done - start) / 1e9, 3),
+    return {"run_id": run_id, "experiences": total, "deliveries": len(lat), "seconds": round((done - start) / 1e9, 3),
             "exp_per_s": round(total / ((done - start) / 1e9), 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99)}
 
 
-def _cleanup(redis_url, run_id) -> None:
-    """Remove this run's keys (only ours: its run id is fresh); never FLUSH anything."""
+def _cleanup(redis_url, *run_ids) -> None:
+    """Remove these runs' keys (only ours: each run id is fresh); never FLUSH anything."""
     r = redis.Redis.from_url(redis_url)
-    for pattern in (f"bench:{{{run_id}}}:*", f"mrl:{{{run_id}}}:*"):
+    for pattern in [f"{prefix}:{{{run_id}}}:*" for run_id in run_ids for prefix in ("bench", "mrl")]:
         keys = list(r.scan_iter(match=pattern, count=1000))
         for i in range(0, len(keys), 500):
             r.unlink(*keys[i:i + 500])
@@ -199,11 +224,12 @@ def _machine(redis_url) -> str:
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
     version = redis.Redis.from_url(redis_url).info("server").get("redis_version")
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python " \
-           f"{platform.python_version()}, redis-server {version}"
+           f"{platform.python_version()}, redis-server {version}, redis-py {redis.__version__} " \
+           f"({'hiredis' if HIREDIS_AVAILABLE else 'pure-Python'} parser)"
 
 
 def main(quick: bool = False) -> None:
-    n = 512 if quick else 40_000
+    n = 512 if quick else 100_000
     with tempfile.TemporaryDirectory(prefix="mrl-bench-") as tmp, \
             redis_for(os.environ.get("MRL_REDIS_URL"), tmp) as url:
         machine = _machine(url)
@@ -211,9 +237,10 @@ def main(quick: bool = False) -> None:
         print(f"mrl bench exchange: {machine}\n  {PRODUCERS} producers × batches of {BATCH}, {SUBSCRIBERS} "
               f"subscribers (one group each, all producers), {size} B rollouts, {n} experiences", flush=True)
         raw = _phase("raw", url, url, n)
+        _cleanup(url, raw["run_id"])
         print(f"  raw redis-py  {raw['exp_per_s']:>9.0f} exp/s   p50 {raw['p50_ms']} ms  p99 {raw['p99_ms']} ms",
               flush=True)
-        with spawn_exchange(url, log_level="WARNING") as exchange:
+        with spawn_exchange(url, log_level="ERROR") as exchange:
             target = f"127.0.0.1:{exchange.ready['grpc_port']}"
             peak = _phase("mrl", target, url, n)
             print(f"  mrl exchange  {peak['exp_per_s']:>9.0f} exp/s   p50 {peak['p50_ms']} ms  p99 {peak['p99_ms']} ms",
@@ -223,12 +250,14 @@ def main(quick: bool = False) -> None:
             half = _phase("mrl", target, url, half_n, rate=half_rate)
             print(f"  mrl at half load ({half_rate:.0f} exp/s offered): {half['exp_per_s']:.0f} exp/s  p50 "
                   f"{half['p50_ms']} ms  p99 {half['p99_ms']} ms", flush=True)
+        _cleanup(url, peak["run_id"], half["run_id"])  # once the exchange has let go of their groups
     ratio = round(peak["exp_per_s"] / raw["exp_per_s"], 3)
     result = {"bench": "exchange", "machine": machine, "quick": quick, "experiences": n, "experience_bytes": size,
-              "producers": PRODUCERS, "subscribers": SUBSCRIBERS, "batch": BATCH,
+              "producers": PRODUCERS, "subscribers": SUBSCRIBERS, "batch": BATCH, "hiredis": HIREDIS_AVAILABLE,
               "mrl_exp_per_s": peak["exp_per_s"], "raw_redis_exp_per_s": raw["exp_per_s"], "ratio": ratio,
               "p50_ms": peak["p50_ms"], "p99_ms": peak["p99_ms"], "raw_p50_ms": raw["p50_ms"],
-              "raw_p99_ms": raw["p99_ms"], "half_load_exp_per_s": half["exp_per_s"],
+              "raw_p99_ms": raw["p99_ms"], "half_load_experiences": half["experiences"],
+              "half_load_exp_per_s": half["exp_per_s"],
               "p50_ms_at_half_load": half["p50_ms"], "p99_ms_at_half_load": half["p99_ms"],
               "latency": "subscriber receive - created_at stamped just before Publish (wall clock, same host)",
               "targets": TARGETS,
