@@ -101,6 +101,8 @@ def new_experience(run_id: str, producer: str, policy_version: int, payload, exp
 
 
 def _check_finite(where: str, values: Iterable[float]) -> None:
+    if math.isfinite(sum(values)):  # fast path: finite sum => finite terms (an overflow falls through)
+        return
     for i, v in enumerate(values):
         if not math.isfinite(v):
             raise InvalidArgument(f"{where}[{i}] is {v}: rewards, log-probs and statistics must be finite")
@@ -114,8 +116,9 @@ def _check_text_id(where: str, value: str) -> None:
 def _check_tokens(where: str, ids, limits: Limits) -> None:
     if len(ids) > limits.max_tokens:
         raise InvalidArgument(f"{where} has {len(ids)} token ids; at most {limits.max_tokens} are accepted")
-    if ids and min(ids) < 0:
-        raise InvalidArgument(f"{where} holds a negative token id ({min(ids)})")
+    lowest = min(ids, default=0)
+    if lowest < 0:
+        raise InvalidArgument(f"{where} holds a negative token id ({lowest})")
 
 
 def validate(exp: pb.Experience, limits: Limits = Limits()) -> Kind:

@@ -72,19 +72,23 @@ def _guard_stream(impl):
     return handler
 
 
+def _serialize(message) -> bytes:
+    """Any message: a handler may answer with a wire twin of its response type (mrl_exchange.wire)."""
+    return message.SerializeToString()
+
+
 def add_service(server: grpc.aio.Server, service, servicer) -> None:
     """Register every method of `service` (a ServiceDescriptor) on `servicer`'s coroutines."""
     handlers = {}
     for method in service.methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
-        response_cls = message_factory.GetMessageClass(method.output_type)
         impl = getattr(servicer, method.name)
         if method.server_streaming:
             make, guarded = grpc.unary_stream_rpc_method_handler, _guard_stream(impl)
         else:
             make, guarded = grpc.unary_unary_rpc_method_handler, _guard_unary(impl)
         handlers[method.name] = make(guarded, request_deserializer=_lenient(request_cls),
-                                     response_serializer=response_cls.SerializeToString)
+                                     response_serializer=_serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 

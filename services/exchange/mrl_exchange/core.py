@@ -100,6 +100,10 @@ class Exchange:
         self.metrics = ExchangeMetrics()
         self.sessions: dict[str, "Subscription"] = {}  # noqa: F821 - live subscriptions on this replica
         self._publish = redis.register_script(_PUBLISH_LUA)
+        # Subscriptions read stream entries as Redis sends them (flat field lists, no per-entry dicts):
+        # the hot path of delivery. No other code on this client reads these two replies.
+        for command in ("XREADGROUP", "XAUTOCLAIM"):
+            redis.set_response_callback(command, _raw_reply)
 
     @classmethod
     def from_url(cls, url: str, settings: ExchangeSettings | None = None) -> "Exchange":
@@ -264,6 +268,10 @@ class Exchange:
             return await awaitable
         except (RedisError, OSError) as exc:
             raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
+
+
+def _raw_reply(response, **options):
+    return response
 
 
 def _text(value) -> str:

@@ -40,8 +40,8 @@ class ExchangeServicer:
         principal.require_policy(request.subscriber, request.run_id, "subscribe")
         subscription = Subscription(self.exchange, request)
         yield xpb.SubscribeResponse(subscription_id=subscription.id)
-        async for deliveries in subscription.deliveries():
-            yield xpb.SubscribeResponse(subscription_id=subscription.id, deliveries=deliveries)
+        async for response in subscription.deliveries():
+            yield response  # a RawSubscribeResponse: encodes to a SubscribeResponse
 
     async def Ack(self, request: xpb.AckRequest, context) -> xpb.AckResponse:
         principal = self._principal(context)

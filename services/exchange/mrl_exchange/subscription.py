@@ -18,7 +18,7 @@ A delivery counts against the credit until acked or until its visibility timeout
 import asyncio
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -26,6 +26,7 @@ from mrl import experience
 from mrl.errors import InvalidArgument, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
 from mrl_exchange.core import Exchange, stream_key
+from mrl_exchange.wire import RawSubscribeResponse
 
 __all__ = ["Subscription"]
 
@@ -78,7 +79,8 @@ class Subscription:
         self._credit.set()
 
     async def deliveries(self):
-        """Yield lists of Delivery, never more un-acked than the credit."""
+        """Yield RawSubscribeResponse messages (wire-identical to SubscribeResponse), never more un-acked
+        deliveries than the credit."""
         self.exchange.sessions[self.id] = self
         try:
             if not self.earliest:
@@ -94,10 +96,10 @@ class Subscription:
                         pass
                     continue
                 batch = await self._next_entries(credit)
-                out = self._deliver(batch[:credit])
+                response = self._deliver(batch[:credit])
                 self._backlog.extendleft(reversed(batch[credit:]))
-                if out:
-                    yield out
+                if response.deliveries:
+                    yield response
         finally:
             self.exchange.sessions.pop(self.id, None)
             await self._forget_consumer()
@@ -105,13 +107,17 @@ class Subscription:
     # -- reading ---------------------------------------------------------------------------
     def _free_credit(self) -> int:
         now = time.monotonic()
-        expired = [d for d, deadline in self._in_flight.items() if deadline <= now]
+        expired = []
+        for d, deadline in self._in_flight.items():  # in deadline order: see _deliver
+            if deadline > now:
+                break
+            expired.append(d)
         for d in expired:
             del self._in_flight[d]
         return max(0, self.max_in_flight - len(self._in_flight))
 
     async def _next_entries(self, credit: int) -> list:
-        """(key, entry_id, fields, redelivered) tuples: backlog, then claims, then new entries."""
+        """(key, entry_id, flat fields, redelivered) tuples: backlog, then claims, then new entries."""
         if self._backlog:
             return [self._backlog.popleft() for _ in range(min(credit, len(self._backlog)))]
         now = time.monotonic()
@@ -137,8 +143,9 @@ class Subscription:
             return []
         except (RedisError, OSError) as exc:
             raise Unavailable(f"Redis is unreachable: {exc}; subscribe again") from exc
-        return [(key.decode(), eid.decode(), fields, False) for key, entries in reply or ()
-                for eid, fields in entries]
+        # raw reply (see Exchange.__init__): a map under RESP3, a list of [key, entries] under RESP2
+        streams = reply.items() if isinstance(reply, dict) else reply or ()
+        return [(key.decode(), eid.decode(), fields, False) for key, entries in streams for eid, fields in entries]
 
     async def _claim(self, credit: int) -> list:
         out = []
@@ -153,8 +160,8 @@ class Subscription:
                 continue  # NOGROUP: trimmed or deleted; the next refresh sorts it out
             except (RedisError, OSError) as exc:
                 raise Unavailable(f"Redis is unreachable: {exc}; subscribe again") from exc
-            cursor, entries = reply[0], reply[1]
-            self._claim_cursor[key] = cursor.decode() if isinstance(cursor, bytes) else cursor
+            cursor, entries = reply[0], reply[1]  # raw reply: see Exchange.__init__
+            self._claim_cursor[key] = cursor.decode()
             gone = [eid for eid, fields in entries if not fields]  # deleted by retention while pending
             if gone:
                 await self._redis(self.redis.xack(key, self.subscriber, *gone))
@@ -184,8 +191,10 @@ class Subscription:
         return self.include_own or producer != self.subscriber
 
     # -- delivering ------------------------------------------------------------------------
-    def _deliver(self, entries) -> list[xpb.Delivery]:
-        out, stale = [], []
+    def _deliver(self, entries) -> RawSubscribeResponse:
+        """The deliveries of `entries` (stale ones dropped and acked), forwarding the stored bytes."""
+        response = RawSubscribeResponse(subscription_id=self.id)
+        stale, kinds = [], Counter()
         now_ms = time.time() * 1000
         deadline = time.monotonic() + self.visibility_ms / 1000
         m = self.exchange.metrics
@@ -193,25 +202,27 @@ class Subscription:
             kind, producer = self._streams.get(key, (None, None))
             if kind is None:
                 continue
-            version = int(fields[b"v"])
+            payload, version = _payload_and_version(fields)
             if self._is_stale(producer, version):
                 stale.append((key, entry_id))
                 continue
             delivery_id = f"{kind}:{producer}:{entry_id}"
             appended_ms = int(entry_id.split("-", 1)[0])
-            d = xpb.Delivery(delivery_id=delivery_id, redelivered=redelivered, appended_at_ms=appended_ms)
-            d.experience.ParseFromString(fields[b"e"])
-            out.append(d)
+            response.deliveries.add(delivery_id=delivery_id, experience=payload, redelivered=redelivered,
+                                    appended_at_ms=appended_ms)
+            self._in_flight.pop(delivery_id, None)  # re-inserted at the end: the dict stays in deadline order
             self._in_flight[delivery_id] = deadline
-            m.delivered.labels(kind).inc()
+            kinds[kind] += 1
             if redelivered:
                 m.redelivered.inc()
             else:
                 m.latency.observe(max(0.0, now_ms - appended_ms) / 1000)
+        for kind, n in kinds.items():
+            m.delivered.labels(kind).inc(n)
         if stale:
             m.stale.inc(len(stale))
             asyncio.get_running_loop().create_task(self._ack_stale(stale))
-        return out
+        return response
 
     def _is_stale(self, producer: str, version: int) -> bool:
         if version < self.min_version:
@@ -245,3 +256,11 @@ class Subscription:
             return await awaitable
         except (RedisError, OSError) as exc:
             raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
+
+
+def _payload_and_version(fields: list) -> tuple[bytes, int]:
+    """A raw entry's flat field list, written by the publish script as [e, payload, v, version]."""
+    if fields[0] == b"e" and fields[2] == b"v":
+        return fields[1], int(fields[3])
+    named = dict(zip(fields[::2], fields[1::2]))
+    return named[b"e"], int(named[b"v"])
