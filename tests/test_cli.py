@@ -1,4 +1,5 @@
 """Smoke runs of the CLI entry points: token, up, demo."""
+import pathlib
 import signal
 import subprocess
 import sys
@@ -54,3 +55,32 @@ def test_settings_come_from_the_config_file_under_the_environment(tmp_path, monk
     monkeypatch.setenv("MRL_MAX_BATCH", "5")
     s = ExchangeSettings()
     assert (s.port, s.max_batch) == (6000, 5)
+
+
+def test_children_die_with_a_killed_launcher(tmp_path):
+    """`mrl up` killed with SIGKILL (no cleanup runs) leaves no redis-server or exchange behind."""
+    import os
+    import time
+    config = tmp_path / "local.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "d"), "exchange": {"port": 0, "admin_port": 0}}))
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    proc.stdout.readline()
+    children = [d.name for d in pathlib.Path("/proc").iterdir() if d.name.isdigit() and _ppid(d) == proc.pid]
+    assert len(children) == 2  # redis-server and the exchange
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
+                 "zombie" not in open(f"/proc/{pid}/status").read()]
+    assert not alive
+
+
+def _ppid(proc_dir: pathlib.Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

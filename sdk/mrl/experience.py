@@ -114,11 +114,9 @@ def _check_text_id(where: str, value: str) -> None:
 
 
 def _check_tokens(where: str, ids, limits: Limits) -> None:
+    # Token ids are uint32 on the wire: a negative id cannot be expressed; the vocabulary bound is THL's.
     if len(ids) > limits.max_tokens:
         raise InvalidArgument(f"{where} has {len(ids)} token ids; at most {limits.max_tokens} are accepted")
-    lowest = min(ids, default=0)
-    if lowest < 0:
-        raise InvalidArgument(f"{where} holds a negative token id ({lowest})")
 
 
 def validate(exp: pb.Experience, limits: Limits = Limits()) -> Kind:

@@ -22,6 +22,7 @@ import threading
 
 import yaml
 
+from mrl.child_process import die_with_parent
 from mrl.embedded_redis import EmbeddedRedis
 
 __all__ = ["ServiceProcess", "spawn_exchange", "redis_for", "up"]
@@ -31,7 +32,8 @@ class ServiceProcess:
     """A service child process; `ready` holds its JSON ready line (ports)."""
 
     def __init__(self, args: list[str], env: dict[str, str], timeout_s: float = 60.0):
-        self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_parent)
         self.ready: dict = {}
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
