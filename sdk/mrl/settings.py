@@ -10,7 +10,7 @@ import pathlib
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-__all__ = ["CommonSettings"]
+__all__ = ["CommonSettings", "ServerSettings"]
 
 
 class CommonSettings(BaseSettings):
@@ -37,3 +37,16 @@ class CommonSettings(BaseSettings):
                 raise FileNotFoundError(f"MRL_CONFIG names {config!r}, which is not a file")
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config))
         return tuple(sources)
+
+
+class ServerSettings(CommonSettings):
+    """What every serving process has: addresses, message size, per-principal rate limit."""
+
+    host: str = Field("127.0.0.1", description="Bind address of gRPC and REST (forced to loopback while auth "
+                                               "is off).")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
+    admin_port: int = Field(8080, ge=0, le=65535, description="REST port (same host); 0 picks a free one.")
+    max_message_bytes: int = Field(16 << 20, gt=0, description="Largest gRPC message accepted or sent.")
+    rate_limit_per_s: float = Field(50_000, gt=0, description="Per-principal budget per second (a call costs 1, "
+                                                              "a batch its size).")
+    rate_limit_burst: float = Field(100_000, gt=0, description="Per-principal bucket size.")

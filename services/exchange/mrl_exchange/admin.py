@@ -3,46 +3,23 @@
 /healthz, /readyz and /metrics are open (probes and scrapers); everything under /v1 needs an
 admin principal's bearer token when auth is on. OpenAPI at /openapi.json, docs at /docs.
 """
-from fastapi import Depends, FastAPI, Header, HTTPException, Query
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import Depends, FastAPI, Query
 
 from mrl import experience
 from mrl.auth import Authenticator
-from mrl.errors import MrlError
 from mrl.ratelimit import RateLimiter
+from mrl.serving import rest_app
 from mrl_exchange.core import Exchange
 
 __all__ = ["create_admin_app"]
 
 
 def create_admin_app(exchange: Exchange, auth: Authenticator, limiter: RateLimiter) -> FastAPI:
-    app = FastAPI(title="mrl exchange admin", version="1",
-                  description="Shared Experience Exchange (SEE): runs, topics, consumer lag, retention.")
+    async def ready():
+        return None if await exchange.ping() else "Redis is not reachable"
 
-    @app.exception_handler(MrlError)
-    async def _mrl_error(request, exc: MrlError):
-        return JSONResponse(status_code=exc.http_status, content={"error": type(exc).__name__, "detail": str(exc)})
-
-    def admin(authorization: str | None = Header(None, description="Bearer <admin token>")):
-        principal = auth.authenticate(authorization)
-        limiter.take(principal.name)
-        principal.require_admin()
-        return principal
-
-    @app.get("/healthz")
-    async def healthz():
-        return {"status": "ok"}
-
-    @app.get("/readyz")
-    async def readyz():
-        if not await exchange.ping():
-            raise HTTPException(503, "Redis is not reachable")
-        return {"status": "ready"}
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
-        return PlainTextResponse(generate_latest(exchange.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    app, _, admin = rest_app("mrl exchange admin", "Shared Experience Exchange (SEE): runs, topics, consumer lag, "
+                             "retention.", auth, limiter, exchange.metrics.registry, ready)
 
     @app.get("/v1/runs", dependencies=[Depends(admin)])
     async def runs():

@@ -1,22 +1,15 @@
 """Settings of the exchange (env `MRL_*`, or the YAML file named by `MRL_CONFIG`)."""
 from pydantic import Field, model_validator
 
-from mrl.settings import CommonSettings
+from mrl.settings import ServerSettings
 
 __all__ = ["ExchangeSettings"]
 
 
-class ExchangeSettings(CommonSettings):
-    host: str = Field("127.0.0.1", description="gRPC bind address (forced to loopback while auth is off).")
-    port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
-    admin_port: int = Field(8080, ge=0, le=65535, description="REST admin port (same host); 0 picks a free one.")
-    max_message_bytes: int = Field(16 << 20, gt=0, description="Largest gRPC message accepted or sent.")
+class ExchangeSettings(ServerSettings):
     max_experience_bytes: int = Field(1 << 20, gt=0, description="Largest single serialized experience.")
     max_tokens: int = Field(65536, gt=0, description="Most token ids in one rollout or success.")
     max_batch: int = Field(1024, gt=0, description="Most experiences in one Publish.")
-    rate_limit_per_s: float = Field(50_000, gt=0, description="Per-principal budget: experiences published "
-                                                               "plus other calls, per second.")
-    rate_limit_burst: float = Field(100_000, gt=0, description="Per-principal bucket size.")
     visibility_timeout_s: float = Field(30.0, gt=0, description="Un-acked deliveries are delivered again "
                                                                  "after this idle time (XAUTOCLAIM).")
     default_max_in_flight: int = Field(256, gt=0, description="Credit when a subscriber asks for 0.")
