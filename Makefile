@@ -8,8 +8,12 @@ BIN := $(VENV)/bin
 # Here pip finds the CPU build of this version on disk; elsewhere pip takes the registry's build.
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed-stamp
+# Real tokenizers (scripts/fetch_tokenizers.py), fetched once per machine into this cache; the tests read it too.
+MRL_TOKENIZER_CACHE ?= $(HOME)/.cache/mrl/tokenizers
+export MRL_TOKENIZER_CACHE
+TOKENIZERS_STAMP := $(MRL_TOKENIZER_CACHE)/.fetched-stamp
 
-.PHONY: install test demo proto bench up clean
+.PHONY: install tokenizers test demo proto bench up clean
 
 install: $(STAMP)
 
@@ -18,10 +22,16 @@ $(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard se
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet -e sdk -e services/exchange
+	$(BIN)/python -m pip install --quiet -e sdk -e services/exchange -e services/tokenizer_align
 	touch $@
 
-test: install
+tokenizers: $(TOKENIZERS_STAMP)
+
+$(TOKENIZERS_STAMP): scripts/fetch_tokenizers.py $(STAMP)
+	$(BIN)/python scripts/fetch_tokenizers.py
+	touch $@
+
+test: install tokenizers
 	$(BIN)/python -m pytest
 
 demo: install

@@ -17,24 +17,23 @@ def redis_url(tmp_path_factory):
         yield url
 
 
-class RunningExchange:
-    """An ExchangeServer on its own event loop in a thread; `target` is host:port for clients."""
+class RunningServer:
+    """A ServiceServer (mrl.serving) on its own event loop in a thread; `target` is host:port for clients."""
 
-    def __init__(self, redis_url: str, **overrides):
-        overrides = {"port": 0, "admin_port": 0, **overrides}
-        self.settings = ExchangeSettings(redis_url=redis_url, **overrides)
+    def __init__(self, make_server):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = self._run(self._make(redis_url))
+        self.server = self._run(self._make(make_server))
         self._run(self.server.start())
         self.target = f"127.0.0.1:{self.server.port}"
         self.admin = f"http://127.0.0.1:{self.server.admin_port}"
 
-    async def _make(self, redis_url):
-        return ExchangeServer(self.settings, redis_url)
+    @staticmethod
+    async def _make(make_server):
+        return make_server()  # constructed on the server's loop: grpc.aio binds to it
 
-    def _run(self, coro, timeout=30):
+    def _run(self, coro, timeout=60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self):
@@ -43,6 +42,12 @@ class RunningExchange:
         self._run(self.server.stop(grace_s=0.5))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+class RunningExchange(RunningServer):
+    def __init__(self, redis_url: str, **overrides):
+        self.settings = ExchangeSettings(redis_url=redis_url, **{"port": 0, "admin_port": 0, **overrides})
+        super().__init__(lambda: ExchangeServer(self.settings, redis_url))
 
 
 @pytest.fixture

@@ -182,3 +182,56 @@ def test_retention_trims_streams_at_append(start_exchange, run_id, settings, low
         # trimming is approximate (whole radix-tree nodes of 100 entries), never past the bound
         length = see.topic_stats(run_id)[0].length
         assert low <= length <= high, length
+
+
+def test_subscriptions_are_capped_per_principal(start_exchange, run_id):
+    from mrl import errors
+    ex = start_exchange(max_subscriptions_per_principal=2)
+    with ExchangeClient(ex.target) as see:
+        open_ = [Collector(see.subscribe(run_id, "policy-b")) for _ in range(2)]
+        time.sleep(0.3)
+        with pytest.raises(errors.ResourceExhausted, match="2 open subscriptions"):
+            next(iter(see.subscribe(run_id, "policy-b", reconnect=None)))
+        for c in open_:
+            c.close()
+
+
+def test_deliveries_never_exceed_one_message(start_exchange, run_id):
+    """Credit 64 of ~100 KiB experiences under a 256 KiB message limit: split over several responses."""
+    ex = start_exchange(max_message_bytes=256 * 1024, max_experience_bytes=128 * 1024)
+    big = []
+    for _ in range(6):
+        e = rollout(run_id)
+        e.rollout.prompt_text = "x" * (100 * 1024)
+        big.append(e)
+    with ExchangeClient(ex.target, max_message_bytes=256 * 1024) as see:
+        see.publish(big[:2])
+        see.publish(big[2:4])
+        see.publish(big[4:])
+        c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_in_flight=64))
+        got = c.take(6)
+        assert {d.experience.experience_id for d in got} == {e.experience_id for e in big}
+        c.subscription.ack(got)
+        c.close()
+
+
+def test_latest_start_is_kept_across_reconnects(exchange, run_id):
+    """A producer's first experience, published while the subscriber is away, is delivered on reconnect."""
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id, "policy-a")])
+        first = Collector(see.subscribe(run_id, "policy-b", start="latest"))
+        time.sleep(0.4)
+        first.close()
+        newcomer = rollout(run_id, "policy-c")
+        see.publish([newcomer])
+        again = Collector(see.subscribe(run_id, "policy-b", start="latest"))
+        assert [d.experience.experience_id for d in again.take(1)] == [newcomer.experience_id]
+        again.close()
+
+
+def test_the_same_id_from_two_producers_is_two_experiences(exchange, run_id):
+    a, b = rollout(run_id, "policy-a"), rollout(run_id, "policy-b")
+    b.experience_id = a.experience_id
+    with ExchangeClient(exchange.target) as see:
+        assert see.publish([a]).accepted == 1
+        assert see.publish([b]).accepted == 1

@@ -479,11 +479,11 @@ def sized(run_id, text_bytes):
 
 
 def test_grpc_message_size_limit(start_exchange, run_id):
-    ex = start_exchange(max_message_bytes=64 * 1024)
+    ex = start_exchange(max_message_bytes=128 * 1024, max_experience_bytes=64 * 1024)
     with ExchangeClient(ex.target, backoff=Backoff(attempts=1)) as c:
         assert c.publish([sized(run_id, (32 * 1024))]).accepted == 1
         with pytest.raises(errors.ResourceExhausted):
-            c.publish([sized(run_id, (100 * 1024))])
+            c.publish([sized(run_id, (200 * 1024))])
         assert [s.length for s in c.topic_stats(run_id)] == [1]
 
 

@@ -1,9 +1,11 @@
 """The `mrl` command line.
 
     mrl exchange serve            run the Shared Experience Exchange (gRPC + REST admin)
+    mrl align serve               run the tokenizer alignment service, THL (gRPC + REST twin)
     mrl up CONFIG                 run a topology locally as processes (Ctrl-C tears it down)
     mrl demo                      the exchange end to end: two producers, two subscribers, a summary
     mrl bench exchange            publish → deliver → ack throughput and latency vs raw redis-py
+    mrl bench align               alignment throughput vs raw encoding on both sides
     mrl token new --name N ...    a new bearer token and the auth-file entry holding its hash
 
 Services are separate packages (mrl-exchange, ...): a command whose package is not
@@ -29,6 +31,9 @@ def _load(module: str, package: str):
         raise
 
 
+_BENCHES = {"exchange": ("mrl_exchange.bench", "exchange"), "align": ("mrl_tokenizer_align.bench", "tokenizer_align")}
+
+
 def _token_new(args) -> None:
     token = new_token()
     principal = {"name": args.name, "role": args.role, "runs": args.runs or ["*"], "token_sha256": hash_token(token)}
@@ -46,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     exchange_sub = exchange.add_subparsers(dest="action", required=True)
     exchange_sub.add_parser("serve", help="serve gRPC and the REST admin (settings: MRL_* env or MRL_CONFIG)")
 
+    align = sub.add_parser("align", help="the Tokenizer Heterogeneity Layer (THL)")
+    align_sub = align.add_subparsers(dest="action", required=True)
+    align_sub.add_parser("serve", help="serve gRPC TokenizerAlign and its REST twin")
+
     up = sub.add_parser("up", help="run a topology locally as processes")
     up.add_argument("config", help="YAML topology, e.g. examples/local.yaml")
 
@@ -54,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--group-size", type=int, default=8)
 
     bench = sub.add_parser("bench", help="run a benchmark; ends with one JSON line")
-    bench.add_argument("name", choices=["exchange"])
+    bench.add_argument("name", choices=list(_BENCHES))
     bench.add_argument("--quick", action="store_true", help="a small run, for smoke tests")
 
     token = sub.add_parser("token", help="bearer tokens")
@@ -68,12 +77,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "exchange":
         _load("mrl_exchange.app", "exchange").serve()
+    elif args.command == "align":
+        _load("mrl_tokenizer_align.app", "tokenizer_align").serve()
     elif args.command == "up":
         _load("mrl_exchange.topology", "exchange").up(args.config)
     elif args.command == "demo":
         _load("mrl_exchange.demo", "exchange").main(steps=args.steps, group_size=args.group_size)
     elif args.command == "bench":
-        _load("mrl_exchange.bench", "exchange").main(quick=args.quick)
+        module, package = _BENCHES[args.name]
+        _load(module, package).main(quick=args.quick)
     elif args.command == "token":
         _token_new(args)
 

@@ -183,15 +183,19 @@ class Subscription:
         delays = None
         while not self._closed:
             self._call = self._client._stub.Subscribe(self._request, metadata=self._client._req.metadata)
+            if self._closed:  # closed from another thread while the call was being made
+                self._call.cancel()
+                return
             try:
                 for response in self._call:
                     self.subscription_id = response.subscription_id
-                    delays = None  # connected: reset the backoff
+                    if response.deliveries:
+                        delays = None  # delivering: the backoff starts afresh after the next failure
                     for d in response.deliveries:
                         yield Delivery(d, self.ack)
                 return
             except grpc.RpcError as exc:
-                if self._closed or exc.code() == grpc.StatusCode.CANCELLED:
+                if self._closed:
                     return
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _mrl_error(exc) from exc
@@ -259,7 +263,8 @@ class AsyncExchangeClient:
             try:
                 async for response in call:
                     subscription_id = response.subscription_id
-                    delays = None
+                    if response.deliveries:
+                        delays = None
                     for d in response.deliveries:
                         yield Delivery(d, ack)
                 return

@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException
+from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from mrl.auth import Authenticator, Principal
-from mrl.errors import MrlError
+from mrl.errors import MrlError, Unauthenticated
 from mrl.grpc_service import add_health_and_reflection, add_service, bind
 from mrl.ratelimit import RateLimiter
 from mrl.settings import ServerSettings
@@ -40,7 +40,11 @@ class ServiceServer:
         self.auth = Authenticator.from_file(settings.auth_file)
         self.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
         self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", settings.max_message_bytes),
-                                             ("grpc.max_send_message_length", settings.max_message_bytes)])
+                                             ("grpc.max_send_message_length", settings.max_message_bytes),
+                                             # a vanished client's streams end within ~40 s
+                                             ("grpc.keepalive_time_ms", 30_000),
+                                             ("grpc.keepalive_timeout_ms", 10_000),
+                                             ("grpc.http2.min_ping_interval_without_data_ms", 10_000)])
         self.port = 0
         self.admin_port = 0
         self._uvicorn: uvicorn.Server | None = None
@@ -54,8 +58,9 @@ class ServiceServer:
         await add_health_and_reflection(self.grpc, [d.full_name for d, _ in services])
         host, self.port = bind(self.grpc, s.host, s.port, self.auth.enabled, s.tls_cert, s.tls_key)
         await self.grpc.start()
+        tls = {"ssl_certfile": str(s.tls_cert), "ssl_keyfile": str(s.tls_key)} if s.tls_cert else {}
         self._uvicorn = uvicorn.Server(uvicorn.Config(app, host=host, port=s.admin_port, log_level="warning",
-                                                      lifespan="off"))
+                                                      lifespan="off", **tls))
         self._uvicorn_task = asyncio.create_task(self._uvicorn.serve())
         while not self._uvicorn.started:
             if self._uvicorn_task.done():
@@ -83,13 +88,20 @@ def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLim
     async def _mrl_error(request, exc: MrlError):
         return JSONResponse(status_code=exc.http_status, content={"error": type(exc).__name__, "detail": str(exc)})
 
-    def principal(authorization: str | None = Header(None, description="Bearer <token>")) -> Principal:
-        who = auth.authenticate(authorization)
+    def principal(request: Request, authorization: str | None = Header(None, description="Bearer <token>")
+                  ) -> Principal:
+        try:
+            who = auth.authenticate(authorization)
+        except Unauthenticated:
+            # failed attempts spend a budget of their own per client host, as over gRPC
+            limiter.take(f"unauthenticated@{request.client.host if request.client else '?'}")
+            raise
         limiter.take(who.name)
         return who
 
-    def admin(authorization: str | None = Header(None, description="Bearer <admin token>")) -> Principal:
-        who = principal(authorization)
+    def admin(request: Request, authorization: str | None = Header(None, description="Bearer <admin token>")
+              ) -> Principal:
+        who = principal(request, authorization)
         who.require_admin()
         return who
 

@@ -79,20 +79,22 @@ class ResidualReport(_message.Message):
     def __init__(self, lossless: _Optional[bool] = ..., chunks: _Optional[int] = ..., one_to_one_share: _Optional[float] = ..., one_to_one_byte_share: _Optional[float] = ..., mean_source_tokens_per_chunk: _Optional[float] = ..., mean_target_tokens_per_chunk: _Optional[float] = ..., max_source_tokens_per_chunk: _Optional[int] = ..., max_target_tokens_per_chunk: _Optional[int] = ..., dropped_bytes: _Optional[int] = ..., invalid_utf8_bytes: _Optional[int] = ..., normalizer_mismatch: _Optional[bool] = ..., mapped_specials: _Optional[int] = ..., dropped_specials: _Optional[int] = ..., truncated: _Optional[bool] = ..., source_noncanonical: _Optional[bool] = ...) -> None: ...
 
 class AlignResponse(_message.Message):
-    __slots__ = ("target_ids", "source_chunk", "target_chunk", "traces", "residual", "text")
+    __slots__ = ("target_ids", "source_chunk", "target_chunk", "traces", "residual", "text", "response_start")
     TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_CHUNK_FIELD_NUMBER: _ClassVar[int]
     TARGET_CHUNK_FIELD_NUMBER: _ClassVar[int]
     TRACES_FIELD_NUMBER: _ClassVar[int]
     RESIDUAL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_START_FIELD_NUMBER: _ClassVar[int]
     target_ids: _containers.RepeatedScalarFieldContainer[int]
     source_chunk: _containers.RepeatedScalarFieldContainer[int]
     target_chunk: _containers.RepeatedScalarFieldContainer[int]
     traces: _containers.RepeatedCompositeFieldContainer[Trace]
     residual: ResidualReport
     text: str
-    def __init__(self, target_ids: _Optional[_Iterable[int]] = ..., source_chunk: _Optional[_Iterable[int]] = ..., target_chunk: _Optional[_Iterable[int]] = ..., traces: _Optional[_Iterable[_Union[Trace, _Mapping]]] = ..., residual: _Optional[_Union[ResidualReport, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...
+    response_start: int
+    def __init__(self, target_ids: _Optional[_Iterable[int]] = ..., source_chunk: _Optional[_Iterable[int]] = ..., target_chunk: _Optional[_Iterable[int]] = ..., traces: _Optional[_Iterable[_Union[Trace, _Mapping]]] = ..., residual: _Optional[_Union[ResidualReport, _Mapping]] = ..., text: _Optional[str] = ..., response_start: _Optional[int] = ...) -> None: ...
 
 class AlignBatchRequest(_message.Message):
     __slots__ = ("requests",)

@@ -5,7 +5,8 @@ Keys (the run in braces is a Redis Cluster hash tag: a run's keys live on one sh
     mrl:{run}:x:{kind}:{producer}   stream of one (run, kind, producer); fields e=Experience bytes, v=version
     mrl:{run}:topics                set of "kind:producer" with a stream
     mrl:{run}:versions              hash producer -> latest policy_version published
-    mrl:{run}:seen:{experience_id}  dedupe marker, expires after dedupe_ttl_s
+    mrl:{run}:seen:{producer}:{id}  dedupe marker, expires after dedupe_ttl_s
+    mrl:{run}:start:{subscriber}    a policy's LATEST start position, fixed at its first subscription
 
 One consumer group per subscribing policy on each stream, named after the policy, so each
 policy sees every entry once; at-least-once: an entry stays in the group's pending list
@@ -18,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from mrl import experience
-from mrl.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
+from mrl.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
@@ -41,8 +42,12 @@ def versions_key(run_id: str) -> str:
     return f"mrl:{{{run_id}}}:versions"
 
 
-def seen_key(run_id: str, experience_id: str) -> str:
-    return f"mrl:{{{run_id}}}:seen:{experience_id}"
+def seen_key(run_id: str, producer: str, experience_id: str) -> str:
+    return f"mrl:{{{run_id}}}:seen:{producer}:{experience_id}"
+
+
+def start_key(run_id: str, subscriber: str) -> str:
+    return f"mrl:{{{run_id}}}:start:{subscriber}"
 
 
 def parse_delivery_id(delivery_id: str) -> tuple[str, str, str]:
@@ -90,6 +95,9 @@ return dups
 """
 
 
+LAG_COUNT_CAP = 10_000  # on Redis < 7, lag is counted by reading ids, at most this many
+
+
 class Exchange:
     """Publish, ack, list and administer typed experience in Redis. Subscribe: see `subscription`."""
 
@@ -107,7 +115,27 @@ class Exchange:
 
     @classmethod
     def from_url(cls, url: str, settings: ExchangeSettings | None = None) -> "Exchange":
-        return cls(aioredis.Redis.from_url(url, decode_responses=False), settings)
+        """A client whose pool holds a connection for every subscription's blocking read plus headroom;
+        when all are busy a command waits (up to 10 s) for one instead of failing."""
+        settings = settings or ExchangeSettings()
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=settings.max_subscriptions + 64,
+                                                        timeout=10, decode_responses=False)
+        return cls(aioredis.Redis(connection_pool=pool), settings)
+
+    def open_session(self, session) -> None:
+        """Admit a subscription within the caps (RESOURCE_EXHAUSTED beyond them)."""
+        s = self.settings
+        if len(self.sessions) >= s.max_subscriptions:
+            raise ResourceExhausted(f"this exchange serves {s.max_subscriptions} subscriptions already "
+                                    f"(MRL_MAX_SUBSCRIPTIONS); retry later or use another replica")
+        mine = sum(1 for other in self.sessions.values() if other.owner == session.owner)
+        if mine >= s.max_subscriptions_per_principal:
+            raise ResourceExhausted(f"{session.owner!r} has {mine} open subscriptions, the most allowed "
+                                    f"(MRL_MAX_SUBSCRIPTIONS_PER_PRINCIPAL); close one first")
+        self.sessions[session.id] = session
+
+    def close_session(self, session) -> None:
+        self.sessions.pop(session.id, None)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -149,7 +177,7 @@ class Exchange:
         keys = [topics_key(run_id), versions_key(run_id)]
         args: list = [s.retention_maxlen, int(s.retention_max_age_s * 1000), s.dedupe_ttl_s]
         for exp, kind in zip(experiences, kinds):
-            keys += [seen_key(run_id, exp.experience_id), stream_key(run_id, kind, exp.producer)]
+            keys += [seen_key(run_id, exp.producer, exp.experience_id), stream_key(run_id, kind, exp.producer)]
             args += [exp.SerializeToString(), exp.policy_version, f"{kind}:{exp.producer}", exp.producer]
         try:
             dup_indexes = await self._publish(keys=keys, args=args)
@@ -169,6 +197,9 @@ class Exchange:
         """XACK each delivery in the subscriber's group; return credit to its live subscription."""
         experience.validate_name("run_id", run_id)
         experience.validate_name("subscriber", subscriber)
+        if len(delivery_ids) > self.settings.max_in_flight_limit:
+            raise InvalidArgument(f"{len(delivery_ids)} delivery ids in one Ack; at most "
+                                  f"{self.settings.max_in_flight_limit} (MRL_MAX_IN_FLIGHT_LIMIT): split it")
         session = self.sessions.get(subscription_id)
         if session is not None and (session.run_id, session.subscriber) != (run_id, subscriber):
             # Acking under another policy's subscription would release that subscription's credit.
@@ -224,8 +255,8 @@ class Exchange:
             for g in groups:
                 last = _text(g["last-delivered-id"])
                 lag = g.get("lag")
-                if lag is None:  # Redis < 7 reports no lag: count the entries after the group's position
-                    lag = len(await self.redis.xrange(key, min=f"({last}", max="+"))
+                if lag is None:  # Redis < 7 reports no lag: count entries after the position, up to a cap
+                    lag = len(await self.redis.xrange(key, min=f"({last}", max="+", count=LAG_COUNT_CAP))
                 stats.groups.append(xpb.ConsumerGroupStats(
                     subscriber=_text(g["name"]), pending=g["pending"], lag=lag, last_delivered_id=last,
                     consumers=g["consumers"]))

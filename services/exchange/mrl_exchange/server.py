@@ -38,13 +38,14 @@ class ExchangeServicer:
     async def Subscribe(self, request: xpb.SubscribeRequest, context):
         principal = self._principal(context)
         principal.require_policy(request.subscriber, request.run_id, "subscribe")
-        subscription = Subscription(self.exchange, request)
+        subscription = Subscription(self.exchange, request, owner=principal.name)
         yield xpb.SubscribeResponse(subscription_id=subscription.id)
         async for response in subscription.deliveries():
             yield response  # a RawSubscribeResponse: encodes to a SubscribeResponse
 
     async def Ack(self, request: xpb.AckRequest, context) -> xpb.AckResponse:
-        principal = self._principal(context)
+        cost = min(max(1, len(request.delivery_ids)), self.exchange.settings.max_in_flight_limit)
+        principal = self._principal(context, cost)
         principal.require_policy(request.subscriber, request.run_id, "ack")
         acked = await self.exchange.ack(request.run_id, request.subscriber, request.delivery_ids,
                                         request.subscription_id)

@@ -16,13 +16,19 @@ class ExchangeSettings(ServerSettings):
     max_in_flight_limit: int = Field(8192, gt=0, description="Most credit a subscriber may ask for.")
     retention_maxlen: int = Field(100_000, gt=0, description="Approximate most entries kept per stream.")
     retention_max_age_s: float = Field(0, ge=0, description="Drop entries older than this (0: no age limit).")
-    dedupe_ttl_s: int = Field(7 * 24 * 3600, gt=0, description="How long an experience id is remembered.")
+    dedupe_ttl_s: int = Field(3600, gt=0, description="How long an experience id is remembered for idempotent "
+                                                       "retries (one small Redis key per experience meanwhile).")
+    max_subscriptions: int = Field(512, gt=0, description="Most open subscriptions on this replica.")
+    max_subscriptions_per_principal: int = Field(64, gt=0, description="Most open subscriptions per principal.")
 
     @model_validator(mode="after")
     def _credit_bounds(self):
         if self.default_max_in_flight > self.max_in_flight_limit:
             raise ValueError(f"default_max_in_flight ({self.default_max_in_flight}) must be <= "
                              f"max_in_flight_limit ({self.max_in_flight_limit})")
+        if self.max_experience_bytes > self.max_message_bytes - (64 << 10):
+            raise ValueError(f"max_experience_bytes ({self.max_experience_bytes}) must leave 64 KiB of "
+                             f"max_message_bytes ({self.max_message_bytes}) for the envelope of a delivery")
         if self.rate_limit_burst < self.max_batch:
             raise ValueError(f"rate_limit_burst ({self.rate_limit_burst}) must be >= max_batch "
                              f"({self.max_batch}), or a full batch could never be published")

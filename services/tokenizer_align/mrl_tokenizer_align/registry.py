@@ -1,0 +1,58 @@
+"""The tokenizer registry: ids to byte tables, loaded only from allow-listed folders, cached by content.
+
+Registration reads files, so it is confined: a path is resolved (symlinks and `..` included)
+and must lie under one of the configured roots, or the request is refused. Tables are cached
+by the sha256 of the tokenizer's files, so the same tokenizer under two ids is loaded once.
+"""
+import dataclasses
+import logging
+import pathlib
+
+from mrl.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from mrl.experience import validate_name
+from mrl_tokenizer_align.vocab import Vocab, content_sha256, load_vocab
+
+__all__ = ["TokenizerRegistry"]
+
+log = logging.getLogger(__name__)
+
+
+class TokenizerRegistry:
+    def __init__(self, roots: list[pathlib.Path], max_tokenizers: int = 64):
+        self.roots = [pathlib.Path(r).resolve() for r in roots]
+        self.max_tokenizers = max_tokenizers
+        self._by_id: dict[str, Vocab] = {}
+        self._by_hash: dict[str, Vocab] = {}
+
+    def register(self, tokenizer_id: str, path: str | pathlib.Path) -> Vocab:
+        validate_name("tokenizer_id", tokenizer_id)
+        if not str(path):
+            raise InvalidArgument("path is empty: name a tokenizer file or folder under an allowed root")
+        resolved = pathlib.Path(path).resolve()
+        if not any(resolved.is_relative_to(root) for root in self.roots):
+            raise PermissionDenied(f"{path} is outside the allowed tokenizer roots "
+                                   f"({', '.join(map(str, self.roots)) or 'none configured'}; MRL_TOKENIZER_ROOTS)")
+        if not resolved.exists():
+            raise NotFound(f"tokenizer path {path} does not exist")
+        if tokenizer_id not in self._by_id and len(self._by_id) >= self.max_tokenizers:
+            raise ResourceExhausted(f"{self.max_tokenizers} tokenizers are registered already (MRL_MAX_TOKENIZERS)")
+        digest = content_sha256(resolved)
+        cached = self._by_hash.get(digest)
+        if cached is None:
+            cached = load_vocab(tokenizer_id, resolved)
+            self._by_hash[digest] = cached
+            log.info("loaded tokenizer %s (%s, %d ids, byte-exact %s) from %s", tokenizer_id, cached.family,
+                     cached.vocab_size, cached.byte_exact, resolved)
+        vocab = cached if cached.tokenizer_id == tokenizer_id else dataclasses.replace(cached, tokenizer_id=tokenizer_id)
+        self._by_id[tokenizer_id] = vocab
+        return vocab
+
+    def get(self, tokenizer_id: str) -> Vocab:
+        vocab = self._by_id.get(tokenizer_id)
+        if vocab is None:
+            known = ", ".join(sorted(self._by_id)) or "none"
+            raise InvalidArgument(f"unknown tokenizer {tokenizer_id!r}; registered: {known} (RegisterTokenizer adds one)")
+        return vocab
+
+    def all(self) -> list[Vocab]:
+        return [self._by_id[k] for k in sorted(self._by_id)]

@@ -1,0 +1,182 @@
+"""The TokenizerAlign transports: gRPC servicer and REST twin, both thin over `align` and the registry.
+
+Requests are checked against the limits (ids, traces, batch) before any work; CPU-bound
+alignment runs in a worker thread so health checks and other calls stay responsive.
+"""
+import asyncio
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from google.protobuf import json_format
+
+from mrl.auth import Authenticator
+from mrl.errors import InvalidArgument
+from mrl.grpc_service import authorization
+from mrl.ratelimit import RateLimiter
+from mrl.serving import rest_app
+from mrl.v1 import tokenizer_align_pb2 as tpb
+from mrl_tokenizer_align.align import Alignment, Residual, Trace, align
+from mrl_tokenizer_align.metrics import AlignMetrics
+from mrl_tokenizer_align.registry import TokenizerRegistry
+from mrl_tokenizer_align.settings import AlignSettings
+
+__all__ = ["Aligner", "AlignServicer", "create_rest_app"]
+
+_REDUCTION = {tpb.TRACE_REDUCTION_UNSPECIFIED: "sum", tpb.TRACE_REDUCTION_SUM: "sum", tpb.TRACE_REDUCTION_ALL: "all",
+              tpb.TRACE_REDUCTION_MEAN: "mean", tpb.TRACE_REDUCTION_BROADCAST: "broadcast"}
+_REDUCTION_ENUM = {"sum": tpb.TRACE_REDUCTION_SUM, "all": tpb.TRACE_REDUCTION_ALL, "mean": tpb.TRACE_REDUCTION_MEAN,
+                   "broadcast": tpb.TRACE_REDUCTION_BROADCAST}
+
+
+class Aligner:
+    """Protobuf in, protobuf out: the one place requests meet the core."""
+
+    def __init__(self, registry: TokenizerRegistry, settings: AlignSettings):
+        self.registry, self.settings = registry, settings
+        self.metrics = AlignMetrics()
+
+    def align(self, req: tpb.AlignRequest) -> tpb.AlignResponse:
+        s = self.settings
+        for what, n in (("source_ids", len(req.source_ids)), ("target_prompt_ids", len(req.target_prompt_ids))):
+            if n > s.max_ids:
+                raise InvalidArgument(f"{what} holds {n} ids; at most {s.max_ids} per alignment (MRL_MAX_IDS)")
+        if len(req.traces) > s.max_traces:
+            raise InvalidArgument(f"{len(req.traces)} traces; at most {s.max_traces} per alignment (MRL_MAX_TRACES)")
+        src, dst = self.registry.get(req.source_tokenizer_id), self.registry.get(req.target_tokenizer_id)
+        traces = []
+        for t in req.traces:
+            if t.reduction not in _REDUCTION:
+                raise InvalidArgument(f"trace {t.name!r}: unknown reduction {t.reduction}; use SUM, ALL, MEAN or "
+                                      f"BROADCAST")
+            traces.append(Trace(t.name, np.asarray(t.values, dtype=np.float64), _REDUCTION[t.reduction]))
+        result = align(src, np.asarray(req.source_ids, dtype=np.int64), dst, traces,
+                       np.asarray(req.target_prompt_ids, dtype=np.int64))
+        self.metrics.observe(src.tokenizer_id, dst.tokenizer_id, len(req.source_ids), result.residual)
+        return _response(result)
+
+    def align_batch(self, req: tpb.AlignBatchRequest) -> tpb.AlignBatchResponse:
+        if len(req.requests) > self.settings.max_batch:
+            raise InvalidArgument(f"{len(req.requests)} alignments in one batch; at most {self.settings.max_batch} "
+                                  f"(MRL_MAX_BATCH)")
+        out = tpb.AlignBatchResponse()
+        for i, r in enumerate(req.requests):
+            try:
+                out.responses.append(self.align(r))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"requests[{i}]: {exc}") from None
+        out.aggregate.CopyFrom(aggregate([r.residual for r in out.responses]))
+        return out
+
+    def register(self, req: tpb.RegisterTokenizerRequest) -> tpb.RegisterTokenizerResponse:
+        return tpb.RegisterTokenizerResponse(tokenizer=_info(self.registry.register(req.tokenizer_id, req.path)))
+
+    def list(self) -> tpb.ListTokenizersResponse:
+        return tpb.ListTokenizersResponse(tokenizers=[_info(v) for v in self.registry.all()])
+
+
+def _info(v) -> tpb.TokenizerInfo:
+    return tpb.TokenizerInfo(tokenizer_id=v.tokenizer_id, family=v.family, vocab_size=v.vocab_size,
+                             byte_exact=v.byte_exact, content_sha256=v.content_sha256)
+
+
+def _response(a: Alignment) -> tpb.AlignResponse:
+    r = a.residual
+    return tpb.AlignResponse(
+        target_ids=a.target_ids.tolist(), source_chunk=a.source_chunk.tolist(), target_chunk=a.target_chunk.tolist(),
+        traces=[tpb.Trace(name=t.name, values=t.values.tolist(), reduction=_REDUCTION_ENUM[t.reduction])
+                for t in a.traces],
+        residual=tpb.ResidualReport(**vars(r)), text=a.text, response_start=a.response_start)
+
+
+def aggregate(reports: list[tpb.ResidualReport]) -> tpb.ResidualReport:
+    """Counts summed, shares and means averaged, maxima maxed, flags or-ed (lossless and-ed)."""
+    out = tpb.ResidualReport(lossless=all(r.lossless for r in reports))
+    if not reports:
+        return out
+    for f in tpb.ResidualReport.DESCRIPTOR.fields:
+        values = [getattr(r, f.name) for r in reports]
+        if f.name == "lossless":
+            continue
+        if f.type == f.TYPE_BOOL:
+            setattr(out, f.name, any(values))
+        elif f.name.startswith("max_"):
+            setattr(out, f.name, max(values))
+        elif f.type == f.TYPE_DOUBLE:
+            setattr(out, f.name, sum(values) / len(values))
+        else:
+            setattr(out, f.name, sum(values))
+    return out
+
+
+class AlignServicer:
+    def __init__(self, aligner: Aligner, auth: Authenticator, limiter: RateLimiter):
+        self.aligner, self.auth, self.limiter = aligner, auth, limiter
+
+    def _principal(self, context, cost: float = 1.0):
+        principal = self.auth.authenticate(authorization(context))
+        self.limiter.take(principal.name, cost)
+        return principal
+
+    async def Align(self, request, context):
+        self._principal(context)
+        return await asyncio.to_thread(self.aligner.align, request)
+
+    async def AlignBatch(self, request, context):
+        self._principal(context, cost=min(max(1, len(request.requests)), self.aligner.settings.max_batch))
+        return await asyncio.to_thread(self.aligner.align_batch, request)
+
+    async def RegisterTokenizer(self, request, context):
+        self._principal(context).require_admin()
+        return await asyncio.to_thread(self.aligner.register, request)
+
+    async def ListTokenizers(self, request, context):
+        self._principal(context)
+        return self.aligner.list()
+
+
+def _parse(message_cls, body: dict):
+    try:
+        return json_format.ParseDict(body, message_cls())
+    except json_format.ParseError as exc:
+        raise InvalidArgument(f"malformed {message_cls.DESCRIPTOR.name}: {exc}") from None
+
+
+def _json(message) -> dict:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter) -> FastAPI:
+    """The REST twin: the same messages in their protobuf JSON form."""
+    async def ready():
+        return None if aligner.registry.all() else "no tokenizer is registered"
+
+    app, principal, admin = rest_app("mrl tokenizer_align", "Tokenizer Heterogeneity Layer (THL): align responses "
+                                     "and token-level traces across tokenizers.", auth, limiter,
+                                     aligner.metrics.registry, ready)
+
+    async def body(request: Request) -> dict:
+        try:
+            doc = await request.json()
+        except ValueError:
+            raise InvalidArgument("the body is not JSON") from None
+        if not isinstance(doc, dict):
+            raise InvalidArgument("the body must be a JSON object")
+        return doc
+
+    @app.post("/v1/align", dependencies=[Depends(principal)])
+    async def align_one(doc: dict = Depends(body)):
+        return _json(await asyncio.to_thread(aligner.align, _parse(tpb.AlignRequest, doc)))
+
+    @app.post("/v1/align/batch", dependencies=[Depends(principal)])
+    async def align_many(doc: dict = Depends(body)):
+        return _json(await asyncio.to_thread(aligner.align_batch, _parse(tpb.AlignBatchRequest, doc)))
+
+    @app.get("/v1/tokenizers", dependencies=[Depends(principal)])
+    async def tokenizers():
+        return _json(aligner.list())
+
+    @app.post("/v1/tokenizers", dependencies=[Depends(admin)])
+    async def register(doc: dict = Depends(body)):
+        return _json(await asyncio.to_thread(aligner.register, _parse(tpb.RegisterTokenizerRequest, doc)))
+
+    return app

@@ -1,0 +1,138 @@
+"""The TokenizerAlign service over real gRPC and HTTP: align, batch, registry confinement, bad input."""
+import math
+import os
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from conftest import RunningServer
+from mrl.v1 import tokenizer_align_pb2 as tpb
+from mrl.v1 import tokenizer_align_pb2_grpc
+from mrl_tokenizer_align.app import AlignServer
+from mrl_tokenizer_align.catalog import cache_dir, cached_paths
+from mrl_tokenizer_align.settings import AlignSettings
+
+TEXT = "The answer is 395. 😀 日本語 café"
+
+
+@pytest.fixture(scope="module")
+def service():
+    paths = cached_paths()
+    missing = {"gpt2", "mistral-v1", "minilm"} - set(paths)
+    assert not missing, f"tokenizers {sorted(missing)} are not cached in {cache_dir()}: run `make tokenizers`"
+    settings = AlignSettings(port=0, admin_port=0, tokenizers={k: paths[k] for k in ("gpt2", "mistral-v1", "minilm")},
+                             max_ids=4096, max_batch=8)
+    running = RunningServer(lambda: AlignServer(settings))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(service):
+    with grpc.insecure_channel(service.target) as channel:
+        yield tokenizer_align_pb2_grpc.TokenizerAlignStub(channel)
+
+
+def gpt2_ids(service, text=TEXT):
+    return service.server.aligner.registry.get("gpt2").encode(text).tolist()
+
+
+def request(service, **overrides):
+    ids = gpt2_ids(service)
+    fields = dict(source_tokenizer_id="gpt2", source_ids=ids, target_tokenizer_id="mistral-v1",
+                  traces=[tpb.Trace(name="logprobs", values=[-0.25] * len(ids), reduction=tpb.TRACE_REDUCTION_SUM),
+                          tpb.Trace(name="mask", values=[1.0] * len(ids), reduction=tpb.TRACE_REDUCTION_ALL)])
+    fields.update(overrides)
+    return tpb.AlignRequest(**fields)
+
+
+def test_align_over_grpc_is_lossless_and_conserves_log_probs(service, stub):
+    req = request(service)
+    resp = stub.Align(req)
+    mistral = service.server.aligner.registry.get("mistral-v1")
+    assert resp.text == TEXT
+    assert list(resp.target_ids) == mistral.encode(TEXT).tolist()
+    assert resp.residual.lossless and resp.residual.chunks > 0
+    assert math.isclose(sum(resp.traces[0].values), -0.25 * len(req.source_ids), rel_tol=1e-6)
+    assert set(resp.traces[1].values) == {1.0}
+    assert len(resp.source_chunk) == len(req.source_ids) and len(resp.target_chunk) == len(resp.target_ids)
+
+
+def test_align_batch_and_aggregate(service, stub):
+    reqs = [request(service), request(service, target_tokenizer_id="minilm")]
+    resp = stub.AlignBatch(tpb.AlignBatchRequest(requests=reqs))
+    assert [r.residual.lossless for r in resp.responses] == [True, False]
+    assert resp.aggregate.lossless is False and resp.aggregate.normalizer_mismatch is True
+    assert resp.aggregate.chunks == sum(r.residual.chunks for r in resp.responses)
+
+
+def test_list_tokenizers(stub):
+    infos = {t.tokenizer_id: t for t in stub.ListTokenizers(tpb.ListTokenizersRequest()).tokenizers}
+    assert set(infos) == {"gpt2", "mistral-v1", "minilm"}
+    assert (infos["minilm"].family, infos["minilm"].byte_exact) == ("wordpiece", False)
+    assert infos["gpt2"].vocab_size == 50257 and len(infos["gpt2"].content_sha256) == 64
+
+
+def test_rest_twin_answers_like_grpc(service, stub):
+    from google.protobuf import json_format
+    req = request(service)
+    body = json_format.MessageToDict(req, preserving_proto_field_name=True)
+    r = httpx.post(f"{service.admin}/v1/align", json=body)
+    assert r.status_code == 200, r.text
+    assert json_format.ParseDict(r.json(), tpb.AlignResponse()) == stub.Align(req)
+    assert httpx.get(f"{service.admin}/v1/tokenizers").status_code == 200
+    assert httpx.post(f"{service.admin}/v1/align", content=b"not json").status_code == 400
+    bad = httpx.post(f"{service.admin}/v1/align", json={**body, "source_tokenizer_id": "nope"})
+    assert bad.status_code == 400 and "unknown tokenizer 'nope'" in bad.json()["detail"]
+
+
+def test_register_reads_only_under_allowed_roots(service, stub, tmp_path):
+    root = cache_dir()
+    ok = stub.RegisterTokenizer(tpb.RegisterTokenizerRequest(tokenizer_id="gpt2-again", path=str(root / "gpt2.tiktoken")))
+    assert ok.tokenizer.vocab_size == 50257
+    link = tmp_path / "escape"
+    outside = [("/etc/passwd", grpc.StatusCode.PERMISSION_DENIED),
+               (str(root / ".." / ".." / ".." / "etc" / "passwd"), grpc.StatusCode.PERMISSION_DENIED),
+               (str(tmp_path), grpc.StatusCode.PERMISSION_DENIED),
+               (str(root / "does-not-exist.tiktoken"), grpc.StatusCode.NOT_FOUND),
+               ("", grpc.StatusCode.INVALID_ARGUMENT)]
+    os.symlink("/etc", link)
+    outside.append((str(link / "passwd"), grpc.StatusCode.PERMISSION_DENIED))
+    for path, code in outside:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RegisterTokenizer(tpb.RegisterTokenizerRequest(tokenizer_id="evil", path=path))
+        assert info.value.code() == code, (path, info.value.details())
+    assert "evil" not in {t.tokenizer_id for t in stub.ListTokenizers(tpb.ListTokenizersRequest()).tokenizers}
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"source_tokenizer_id": "nope"}, "unknown tokenizer 'nope'"),
+    ({"target_tokenizer_id": "nope"}, "unknown tokenizer 'nope'"),
+    ({"source_ids": [50257]}, "token id 50257 is outside the vocabulary of 'gpt2'"),
+    ({"traces": [tpb.Trace(name="logprobs", values=[0.0])]}, "trace 'logprobs' has 1 values for"),
+    ({"source_ids": [464, 3280], "traces": [tpb.Trace(name="lp", values=[0.0, math.nan])]}, "trace 'lp'[1] is nan"),
+    ({"source_ids": [464], "traces": [tpb.Trace(name="lp", values=[0.0], reduction=42)]}, "unknown reduction 42"),
+    ({"source_ids": [464] * 4097, "traces": []}, "at most 4096 per alignment"),
+    ({"target_prompt_ids": [10**6]}, "target_prompt_ids: token id 1000000 is outside the vocabulary"),
+], ids=["unknown-source", "unknown-target", "id-outside-vocab", "trace-length", "nan-trace", "unknown-reduction",
+        "too-many-ids", "prompt-id-outside-vocab"])
+def test_bad_input_is_invalid_argument(service, stub, overrides, fragment):
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Align(request(service, **overrides))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in info.value.details()
+
+
+def test_oversize_batch_is_invalid_argument(service, stub):
+    with pytest.raises(grpc.RpcError) as info:
+        stub.AlignBatch(tpb.AlignBatchRequest(requests=[request(service)] * 9))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 8" in info.value.details()
+
+
+def test_token_bytes_gather_matches_per_token_concatenation(service):
+    gpt2 = service.server.aligner.registry.get("gpt2")
+    ids = np.asarray(gpt2_ids(service))
+    per_token = b"".join(gpt2.buf[gpt2.starts[i]:gpt2.starts[i] + gpt2.lens[i]].tobytes() for i in ids)
+    assert gpt2.token_bytes(ids) == per_token == TEXT.encode()
