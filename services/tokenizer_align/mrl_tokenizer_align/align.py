@@ -141,7 +141,7 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
     res.dropped_bytes = res.invalid_utf8_bytes
 
     # 6. chunks: boundaries both sides share (the end of the text is always one)
-    shared = np.intersect1d(ends_a[~special] if len(ids) else ends_a, ends_b)
+    shared = _shared_ends(ends_a[~special], ends_b)
     if valid and (not len(shared) or shared[-1] != valid):
         shared = np.append(shared, valid)
     chunk_a = np.minimum(np.searchsorted(shared, ends_a), max(len(shared) - 1, 0))
@@ -150,7 +150,11 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
 
     # 7. traces onto target tokens
     keep = ~special                                                          # source tokens with bytes
-    out_traces = [_transfer(t, chunk_a, keep, chunk_b, n_chunks, eos_at_end) for t in traces]
+    kept_chunk = chunk_a[keep]
+    na = np.bincount(kept_chunk, minlength=n_chunks)                         # source tokens per chunk
+    last = np.flatnonzero(chunk_b[1:] != chunk_b[:-1])                       # last target token of each chunk
+    last = np.append(last, len(chunk_b) - 1) if len(chunk_b) else last
+    out_traces = [_transfer(t, kept_chunk, keep, na, chunk_b, last, n_chunks, eos_at_end) for t in traces]
     target = tids
     if eos_at_end:                                                           # the EOS is a chunk of its own
         target = np.append(tids, dst.eos_id)
@@ -160,22 +164,32 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
 
     # 8. residual statistics
     if n_chunks:
-        na = np.bincount(chunk_a[keep], minlength=n_chunks)
         nb = np.bincount(chunk_b[:len(tids)], minlength=n_chunks)
         one = (na == 1) & (nb == 1)
         chunk_bytes = np.diff(shared, prepend=0)
-        res.chunks = n_chunks
-        res.one_to_one_share = float(one.mean())
-        res.one_to_one_byte_share = float(chunk_bytes[one].sum() / max(1, chunk_bytes.sum()))
-        res.mean_source_tokens_per_chunk = float(na.mean())
-        res.mean_target_tokens_per_chunk = float(nb.mean())
+        res.chunks = n_chunks + int(eos_at_end)  # a mapped EOS is a chunk of its own (the statistics are text's)
+        res.one_to_one_share = int(np.count_nonzero(one)) / n_chunks
+        res.one_to_one_byte_share = int(chunk_bytes[one].sum()) / max(1, int(shared[-1]))
+        res.mean_source_tokens_per_chunk = int(keep.sum()) / n_chunks
+        res.mean_target_tokens_per_chunk = len(tids) / n_chunks
         res.max_source_tokens_per_chunk = int(na.max())
         res.max_target_tokens_per_chunk = int(nb.max())
     return Alignment(target_ids=np.concatenate([prompt, target]).astype(np.int64), response_start=len(prompt),
                      source_chunk=chunk_a, target_chunk=chunk_b, traces=out_traces, residual=res, text=text)
 
 
-def _transfer(trace: Trace, chunk_a, keep, chunk_b, n_chunks: int, eos_at_end: bool) -> Trace:
+def _shared_ends(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The distinct values in both a and b, two non-decreasing arrays of token ends, in order: one searchsorted,
+    no sort (np.intersect1d sorts and hashes both: several times slower at response sizes)."""
+    if not len(a) or not len(b):
+        return a[:0]
+    both = b[a[np.minimum(np.searchsorted(a, b), len(a) - 1)] == b]
+    return both[np.concatenate(([True], both[1:] != both[:-1]))] if len(both) > 1 else both
+
+
+def _transfer(trace: Trace, kept_chunk, keep, na, chunk_b, last, n_chunks: int, eos_at_end: bool) -> Trace:
+    """kept_chunk: chunk of each source token with bytes; na: their count per chunk; last: index of the last
+    target token of each chunk."""
     v = np.asarray(trace.values, dtype=np.float64)
     nb = len(chunk_b)
     if trace.reduction == "broadcast":
@@ -183,16 +197,14 @@ def _transfer(trace: Trace, chunk_a, keep, chunk_b, n_chunks: int, eos_at_end: b
     elif n_chunks == 0:
         out = np.zeros(nb)
     elif trace.reduction == "sum":
-        sums = np.bincount(chunk_a[keep], weights=v[keep], minlength=n_chunks)
+        sums = np.bincount(kept_chunk, weights=v[keep], minlength=n_chunks)
         out = np.zeros(nb)
-        last = np.flatnonzero(np.diff(chunk_b, append=n_chunks))             # last target token of each chunk
         out[last] = sums[chunk_b[last]]
     elif trace.reduction == "mean":
-        sums = np.bincount(chunk_a[keep], weights=v[keep], minlength=n_chunks)
-        counts = np.bincount(chunk_a[keep], minlength=n_chunks)
-        out = (sums / np.maximum(counts, 1))[chunk_b]
+        sums = np.bincount(kept_chunk, weights=v[keep], minlength=n_chunks)
+        out = (sums / np.maximum(na, 1))[chunk_b]
     else:  # "all": masked if any source token of the chunk is masked
-        zeros = np.bincount(chunk_a[keep], weights=(v[keep] == 0).astype(np.float64), minlength=n_chunks)
+        zeros = np.bincount(kept_chunk, weights=(v[keep] == 0).astype(np.float64), minlength=n_chunks)
         out = (zeros == 0).astype(np.float64)[chunk_b]
     if eos_at_end:
         out = np.append(out, v[-1] if trace.reduction != "broadcast" else (v[0] if len(v) else 0.0))

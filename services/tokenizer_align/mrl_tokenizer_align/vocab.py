@@ -173,7 +173,8 @@ def _from_sentencepiece(tokenizer_id: str, path: pathlib.Path) -> Vocab:
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_file=str(path))
     size = sp.get_piece_size()
-    special = np.array([sp.is_control(i) for i in range(size)], dtype=bool)
+    # <unk> stands for no known bytes: a special, so alignment counts it as dropped
+    special = np.array([sp.is_control(i) or sp.is_unknown(i) for i in range(size)], dtype=bool)
     pieces = [bytes([int(sp.id_to_piece(i)[3:5], 16)]) if sp.is_byte(i) else
               (b"" if sp.is_unknown(i) else sp.id_to_piece(i).replace("▁", " ").encode()) for i in range(size)]
     buf, starts, lens = _tables(pieces, special)
