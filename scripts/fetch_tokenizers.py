@@ -25,7 +25,6 @@ import ast
 import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import os
 import pathlib

@@ -1,6 +1,8 @@
 """Fixtures: a real embedded redis-server (unix socket in a temp folder, never anyone else's data)
 and real exchange servers on free loopback ports, run on an event loop in a background thread."""
 import asyncio
+import importlib.util
+import pathlib
 import threading
 import uuid
 
@@ -72,3 +74,33 @@ def exchange(start_exchange):
 @pytest.fixture
 def run_id():
     return f"run-{uuid.uuid4().hex[:12]}"
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    """A module of scripts/ (they are not a package), e.g. load_script("gen_proto")."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Vocabs(dict):
+    """id -> Vocab; a short repr, since hypothesis prints fixtures of failing examples."""
+
+    def __repr__(self):
+        return f"Vocabs({sorted(self)})"
+
+
+@pytest.fixture(scope="session")
+def vocabs() -> Vocabs:
+    """Every catalogued tokenizer, loaded once per session; a missing one fails (the Makefile fetches them)."""
+    from mrl_tokenizer_align import catalog
+    from mrl_tokenizer_align.vocab import load_vocab
+    paths = catalog.cached_paths()
+    missing = sorted(set(catalog.CATALOG) - set(paths))
+    if missing:
+        pytest.fail(f"tokenizers {missing} are not in {catalog.cache_dir()}: run `make tokenizers`")
+    return Vocabs({tid: load_vocab(tid, path) for tid, path in paths.items()})

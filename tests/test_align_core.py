@@ -5,21 +5,9 @@ import numpy as np
 import pytest
 
 from mrl.errors import InvalidArgument
-from mrl_tokenizer_align import catalog
 from mrl_tokenizer_align.align import Trace, align
-from mrl_tokenizer_align.vocab import load_vocab
 
 SENTENCE = "The quick brown fox jumps over 12345 lazy dogs."
-
-
-@pytest.fixture(scope="module")
-def vocabs():
-    """Every catalogued tokenizer, loaded once for this module; a missing one fails (the Makefile fetches them)."""
-    paths = catalog.cached_paths()
-    missing = sorted(set(catalog.CATALOG) - set(paths))
-    if missing:
-        pytest.fail(f"tokenizers {missing} are not in {catalog.cache_dir()}: run `make tokenizers`")
-    return {tid: load_vocab(tid, path) for tid, path in paths.items()}
 
 
 @pytest.fixture(scope="module")

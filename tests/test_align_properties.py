@@ -20,9 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings, strategies as st
 
-from mrl_tokenizer_align import catalog
 from mrl_tokenizer_align.align import Trace, align
-from mrl_tokenizer_align.vocab import load_vocab
 
 EXACT = ("gpt2", "qwen", "mistral-v1", "smollm2")
 PAIRS = list(itertools.product(EXACT, EXACT))
@@ -39,21 +37,6 @@ class Tables(dict):
     """tokenizer id -> {bytes: id}, with a short repr for hypothesis' reports."""
     def __repr__(self):
         return f"Tables({sorted(self)})"
-
-
-class Vocabs(dict):
-    def __repr__(self):
-        return f"Vocabs({sorted(self)})"
-
-
-@pytest.fixture(scope="module")
-def vocabs():
-    """Every catalogued tokenizer, loaded once for this module; a missing one fails (the Makefile fetches them)."""
-    paths = catalog.cached_paths()
-    missing = sorted(set(catalog.CATALOG) - set(paths))
-    if missing:
-        pytest.fail(f"tokenizers {missing} are not in {catalog.cache_dir()}: run `make tokenizers`")
-    return Vocabs({tid: load_vocab(tid, path) for tid, path in paths.items()})
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Publish → subscribe → ack of every kind through real gRPC sockets and a real Redis."""
 import itertools
 
-import pytest
 
 from helpers import one_of_each, rollout
 from mrl.exchange_client import ExchangeClient

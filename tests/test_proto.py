@@ -1,19 +1,13 @@
 """The committed stubs are what `make proto` generates from proto/ now."""
-import importlib.util
 import pathlib
+
+from conftest import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "scripts" / "gen_proto.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_committed_stubs_match_the_protos(tmp_path):
-    fresh = _generator().generate(tmp_path)
+    fresh = load_script("gen_proto").generate(tmp_path)
     committed = ROOT / "sdk" / "mrl" / "v1"
     assert {p.name for p in fresh} == {p.name for p in committed.glob("*.py*") if p.name != "__init__.py"}
     stale = [p.name for p in fresh if p.read_bytes() != (committed / p.name).read_bytes()]

@@ -2,7 +2,6 @@
 libraries and tokenize real text: GPT-2 and Qwen BPE (tiktoken), Mistral v1 SentencePiece BPE with
 byte fallback (sentencepiece), BERT WordPiece (tokenizers) and SmolLM2's GGUF tokenizer converted
 to an HF folder (gguf, tokenizers, transformers)."""
-import importlib.util
 import json
 import pathlib
 import unicodedata
@@ -10,17 +9,10 @@ import unicodedata
 import pytest
 from hypothesis import given, settings, strategies as st
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
-def _fetcher():
-    spec = importlib.util.spec_from_file_location("fetch_tokenizers", ROOT / "scripts" / "fetch_tokenizers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fetcher = _fetcher()
+fetcher = load_script("fetch_tokenizers")
 
 
 @pytest.fixture(scope="session")

@@ -106,7 +106,7 @@ class Exchange:
         self.settings = settings or ExchangeSettings()
         self.limits = experience.Limits(self.settings.max_experience_bytes, self.settings.max_tokens)
         self.metrics = ExchangeMetrics()
-        self.sessions: dict[str, "Subscription"] = {}  # noqa: F821 - live subscriptions on this replica
+        self.sessions: dict = {}  # subscription id -> live Subscription (subscription.py) on this replica
         self._publish = redis.register_script(_PUBLISH_LUA)
         # Subscriptions read stream entries as Redis sends them (flat field lists, no per-entry dicts):
         # the hot path of delivery. No other code on this client reads these two replies.

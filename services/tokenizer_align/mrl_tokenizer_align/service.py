@@ -15,7 +15,7 @@ from mrl.grpc_service import authorization
 from mrl.ratelimit import RateLimiter
 from mrl.serving import rest_app
 from mrl.v1 import tokenizer_align_pb2 as tpb
-from mrl_tokenizer_align.align import Alignment, Residual, Trace, align
+from mrl_tokenizer_align.align import Alignment, Trace, align
 from mrl_tokenizer_align.metrics import AlignMetrics
 from mrl_tokenizer_align.registry import TokenizerRegistry
 from mrl_tokenizer_align.settings import AlignSettings
