@@ -136,3 +136,34 @@ def test_token_bytes_gather_matches_per_token_concatenation(service):
     ids = np.asarray(gpt2_ids(service))
     per_token = b"".join(gpt2.buf[gpt2.starts[i]:gpt2.starts[i] + gpt2.lens[i]].tobytes() for i in ids)
     assert gpt2.token_bytes(ids) == per_token == TEXT.encode()
+
+
+def test_auth_policy_may_align_only_admin_registers(tmp_path):
+    import yaml
+    from mrl.auth import hash_token
+    tokens = {"policy-a": "tok-policy", "admin": "tok-admin"}
+    path = tmp_path / "auth.yaml"
+    path.write_text(yaml.safe_dump({"principals": [
+        {"name": "policy-a", "role": "policy", "policy": "policy-a", "token_sha256": hash_token(tokens["policy-a"])},
+        {"name": "admin", "role": "admin", "token_sha256": hash_token(tokens["admin"])}]}))
+    gpt2 = cached_paths()["gpt2"]
+    settings = AlignSettings(port=0, admin_port=0, auth_file=path, tokenizers={"gpt2": gpt2})
+    running = RunningServer(lambda: AlignServer(settings))
+    try:
+        with grpc.insecure_channel(running.target) as channel:
+            stub = tokenizer_align_pb2_grpc.TokenizerAlignStub(channel)
+            req = tpb.AlignRequest(source_tokenizer_id="gpt2", source_ids=[464], target_tokenizer_id="gpt2")
+            register = tpb.RegisterTokenizerRequest(tokenizer_id="again", path=str(gpt2))
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Align(req)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert stub.Align(req, metadata=[("authorization", "Bearer tok-policy")]).text == "The"
+            with pytest.raises(grpc.RpcError) as info:
+                stub.RegisterTokenizer(register, metadata=[("authorization", "Bearer tok-policy")])
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert stub.RegisterTokenizer(register, metadata=[("authorization", "Bearer tok-admin")]).tokenizer.vocab_size
+        assert httpx.get(f"{running.admin}/v1/tokenizers").status_code == 401
+        assert httpx.post(f"{running.admin}/v1/tokenizers", headers={"authorization": "Bearer tok-policy"},
+                          json={"tokenizer_id": "x", "path": str(gpt2)}).status_code == 403
+    finally:
+        running.stop()
