@@ -37,8 +37,9 @@ test: install tokenizers
 demo: install
 	$(BIN)/mrl demo
 
-bench: install
+bench: install tokenizers
 	$(BIN)/mrl bench exchange
+	$(BIN)/mrl bench align
 
 up: install
 	$(BIN)/mrl up examples/local.yaml

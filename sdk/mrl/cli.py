@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "align":
         _load("mrl_tokenizer_align.app", "tokenizer_align").serve()
     elif args.command == "up":
-        _load("mrl_exchange.topology", "exchange").up(args.config)
+        from mrl.topology import up
+        up(args.config)
     elif args.command == "demo":
         _load("mrl_exchange.demo", "exchange").main(steps=args.steps, group_size=args.group_size)
     elif args.command == "bench":

@@ -40,7 +40,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
-from mrl_exchange.topology import redis_for, spawn_exchange
+from mrl.topology import redis_for, spawn
 
 __all__ = ["main", "rollout_payload"]
 
@@ -240,7 +240,7 @@ def main(quick: bool = False) -> None:
         _cleanup(url, raw["run_id"])
         print(f"  raw redis-py  {raw['exp_per_s']:>9.0f} exp/s   p50 {raw['p50_ms']} ms  p99 {raw['p99_ms']} ms",
               flush=True)
-        with spawn_exchange(url, log_level="ERROR") as exchange:
+        with spawn("exchange", url, log_level="ERROR") as exchange:
             target = f"127.0.0.1:{exchange.ready['grpc_port']}"
             peak = _phase("mrl", target, url, n)
             print(f"  mrl exchange  {peak['exp_per_s']:>9.0f} exp/s   p50 {peak['p50_ms']} ms  p99 {peak['p99_ms']} ms",

@@ -18,7 +18,7 @@ import uuid
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
-from mrl_exchange.topology import redis_for, spawn_exchange
+from mrl.topology import redis_for, spawn
 
 __all__ = ["main"]
 
@@ -86,7 +86,7 @@ def _pct(xs: list[float], q: float) -> float:
 def main(steps: int = 20, group_size: int = 8) -> None:
     data_dir = pathlib.Path(os.environ.get("MRL_DATA_DIR", ".mrl/demo"))
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    with redis_for(os.environ.get("MRL_REDIS_URL"), data_dir) as url, spawn_exchange(url) as exchange:
+    with redis_for(os.environ.get("MRL_REDIS_URL"), data_dir) as url, spawn("exchange", url) as exchange:
         target = f"127.0.0.1:{exchange.ready['grpc_port']}"
         print(f"exchange at {target} (admin http://127.0.0.1:{exchange.ready['admin_port']}), redis {url}, "
               f"run {run_id}\n{len(POLICIES)} policies x {steps} steps x {PROMPTS_PER_STEP} prompts x G={group_size} "

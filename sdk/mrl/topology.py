@@ -1,12 +1,15 @@
-"""Run the platform's services as local processes: `mrl up CONFIG`, and the demo and benchmark.
+"""Run the platform's services as local processes: `mrl up CONFIG`, demos and benchmarks.
 
 A topology file (examples/local.yaml):
 
     redis_url: null          # null: an embedded redis-server persisting under data_dir
     data_dir: .mrl/local
-    exchange:                # settings of the exchange (the ExchangeSettings field names)
-      port: 50051
+    exchange:                # settings of each service (its settings' field names); a service
+      port: 50051            # set to null is not started
       admin_port: 8080
+    tokenizer_align:
+      port: 50052
+      admin_port: 8081
 
 Each service is a child process (`python -m mrl.cli ... serve`) that prints one JSON
 "ready" line with its ports; Ctrl-C (or SIGTERM) stops the children, then Redis.
@@ -25,7 +28,7 @@ import yaml
 from mrl.child_process import die_with_parent
 from mrl.embedded_redis import EmbeddedRedis
 
-__all__ = ["ServiceProcess", "spawn_exchange", "redis_for", "up"]
+__all__ = ["ServiceProcess", "SERVICES", "spawn", "redis_for", "up"]
 
 
 class ServiceProcess:
@@ -55,16 +58,22 @@ class ServiceProcess:
         self.proc.stdout.close()
 
 
+# service -> (CLI words, default ports, needs Redis)
+SERVICES = {"exchange": (["exchange", "serve"], (50051, 8080), True),
+            "tokenizer_align": (["align", "serve"], (50052, 8081), False)}
+
+
 @contextlib.contextmanager
-def spawn_exchange(redis_url: str, **settings):
-    """An exchange child process on free ports (unless given); yields its ServiceProcess."""
-    env = {"MRL_REDIS_URL": redis_url, "MRL_PORT": "0", "MRL_ADMIN_PORT": "0"}
+def spawn(service: str, redis_url: str | None = None, **settings):
+    """A service child process (on free ports unless given); yields its ServiceProcess."""
+    words, _, needs_redis = SERVICES[service]
+    env = {"MRL_PORT": "0", "MRL_ADMIN_PORT": "0", **({"MRL_REDIS_URL": redis_url} if needs_redis else {})}
     env.update({f"MRL_{k.upper()}": str(v) for k, v in settings.items()})
-    service = ServiceProcess([sys.executable, "-m", "mrl.cli", "exchange", "serve"], env)
+    process = ServiceProcess([sys.executable, "-m", "mrl.cli", *words], env)
     try:
-        yield service
+        yield process
     finally:
-        service.stop()
+        process.stop()
 
 
 @contextlib.contextmanager
@@ -79,19 +88,27 @@ def redis_for(redis_url: str | None, data_dir: pathlib.Path):
 
 def up(config_path: str) -> None:
     config = yaml.safe_load(pathlib.Path(config_path).read_text()) or {}
-    unknown = set(config) - {"redis_url", "data_dir", "exchange"}
-    if unknown:
-        raise SystemExit(f"{config_path}: unknown keys {sorted(unknown)}; valid: redis_url, data_dir, exchange")
+    valid = {"redis_url", "data_dir", *SERVICES}
+    if set(config) - valid:
+        raise SystemExit(f"{config_path}: unknown keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with redis_for(config.get("redis_url"), pathlib.Path(config.get("data_dir", ".mrl/local"))) as url:
-        exchange_settings = {"port": 50051, "admin_port": 8080, **(config.get("exchange") or {})}
-        with spawn_exchange(url, **exchange_settings) as exchange:
-            r = exchange.ready
-            print(f"mrl up: redis {url}\n  exchange  gRPC 127.0.0.1:{r['grpc_port']}  "
-                  f"admin http://127.0.0.1:{r['admin_port']}/docs\nCtrl-C to stop.", flush=True)
-            while not stop.wait(0.5):
-                if exchange.proc.poll() is not None:
-                    raise SystemExit(f"the exchange exited with code {exchange.proc.returncode}")
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(redis_for(config.get("redis_url"), pathlib.Path(config.get("data_dir", ".mrl/local"))))
+        print(f"mrl up: redis {url}", flush=True)
+        running = {}
+        for name, (_, (port, admin_port), _) in SERVICES.items():
+            if name in config and config[name] is None:
+                continue
+            settings = {"port": port, "admin_port": admin_port, **(config.get(name) or {})}
+            running[name] = stack.enter_context(spawn(name, url, **settings))
+            r = running[name].ready
+            print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST http://127.0.0.1:{r['admin_port']}/docs",
+                  flush=True)
+        print("Ctrl-C to stop.", flush=True)
+        while not stop.wait(0.5):
+            for name, process in running.items():
+                if process.proc.poll() is not None:
+                    raise SystemExit(f"{name} exited with code {process.proc.returncode}")
     print("mrl up: stopped", flush=True)
