@@ -235,3 +235,32 @@ def test_the_same_id_from_two_producers_is_two_experiences(exchange, run_id):
     with ExchangeClient(exchange.target) as see:
         assert see.publish([a]).accepted == 1
         assert see.publish([b]).accepted == 1
+
+
+def test_ended_subscriptions_leave_no_consumers_behind(start_exchange, run_id):
+    """Consumers of ended subscriptions are removed: at once when nothing is pending, else by the sweep
+    once another subscription has taken over and acked their work."""
+    import redis
+    ex = start_exchange(visibility_timeout_s=0.3)
+    with ExchangeClient(ex.target) as see:
+        see.publish([rollout(run_id) for _ in range(3)])
+        for _ in range(3):  # each dies holding un-acked deliveries
+            c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_in_flight=1))
+            c.take(1)
+            c.close()
+        from mrl_exchange import subscription
+        subscription._SWEEP_S, old = 0.2, subscription._SWEEP_S
+        try:
+            last = Collector(see.subscribe(run_id, "policy-b", visibility_timeout_s=0.3))
+            got = last.take(3)
+            last.subscription.ack(got)
+            time.sleep(1.5)  # a sweep runs after the visibility timeout
+            key = f"mrl:{{{run_id}}}:x:rollout:policy-a"
+            r = redis.Redis.from_url(ex.settings.redis_url)
+            names = [c["name"] for c in r.xinfo_consumers(key, "policy-b")]
+            assert len(names) == 1, names  # only the live subscription's consumer
+            last.close()
+            time.sleep(0.3)
+            assert r.xinfo_consumers(key, "policy-b") == []  # gone with nothing pending
+        finally:
+            subscription._SWEEP_S = old

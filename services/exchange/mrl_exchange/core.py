@@ -98,6 +98,15 @@ return dups
 LAG_COUNT_CAP = 10_000  # on Redis < 7, lag is counted by reading ids, at most this many
 
 
+# Delete a consumer only if it holds nothing pending, atomically (no entry can be lost in between).
+_DELETE_IDLE_CONSUMER_LUA = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) == 0 then
+  return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+return -1
+"""
+
+
 class Exchange:
     """Publish, ack, list and administer typed experience in Redis. Subscribe: see `subscription`."""
 
@@ -108,6 +117,7 @@ class Exchange:
         self.metrics = ExchangeMetrics()
         self.sessions: dict = {}  # subscription id -> live Subscription (subscription.py) on this replica
         self._publish = redis.register_script(_PUBLISH_LUA)
+        self._delete_idle_consumer = redis.register_script(_DELETE_IDLE_CONSUMER_LUA)
         # Subscriptions read stream entries as Redis sends them (flat field lists, no per-entry dicts):
         # the hot path of delivery. No other code on this client reads these two replies.
         for command in ("XREADGROUP", "XAUTOCLAIM"):
@@ -136,6 +146,10 @@ class Exchange:
 
     def close_session(self, session) -> None:
         self.sessions.pop(session.id, None)
+
+    async def delete_consumer_if_idle(self, key: str, group: str, consumer: str) -> bool:
+        """XGROUP DELCONSUMER, only when the consumer has nothing pending (one atomic script)."""
+        return await self._delete_idle_consumer(keys=[key], args=[group, consumer]) >= 0
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -33,6 +33,7 @@ __all__ = ["Subscription"]
 _REFRESH_S = 1.0  # how often new topics and producers' latest versions are looked up
 _BLOCK_MS = 250   # longest XREADGROUP wait, so new topics and claims are noticed
 _MIN_VISIBILITY_MS, _MAX_VISIBILITY_MS = 100, 24 * 3600 * 1000
+_SWEEP_S = 60.0   # at least this long between sweeps of abandoned consumers
 _RESPONSE_OVERHEAD = 64 << 10  # bytes of a SubscribeResponse beyond its experiences, at most
 _STARTS = frozenset(xpb.StartPosition.values())
 
@@ -71,6 +72,7 @@ class Subscription:
         self._start_id = "0"
         self._next_refresh = 0.0
         self._next_claim = 0.0
+        self._next_sweep = time.monotonic() + _SWEEP_S
 
     @property
     def in_flight(self) -> int:
@@ -143,6 +145,9 @@ class Subscription:
         if not self._streams:
             await asyncio.sleep(_BLOCK_MS / 1000)
             return []
+        if now >= self._next_sweep:
+            self._next_sweep = now + max(self.visibility_ms / 1000, _SWEEP_S)
+            await self._redis(self._sweep_consumers())
         if now >= self._next_claim:
             self._next_claim = now + self.visibility_ms / 4000
             claimed = await self._claim(credit)
@@ -265,12 +270,22 @@ class Subscription:
         """Remove this subscription's consumer from each group when it holds nothing pending."""
         try:
             for key in self._streams:
-                pending = await self.redis.xpending_range(key, self.subscriber, min="-", max="+", count=1,
-                                                          consumername=self.id)
-                if not pending:
-                    await self.redis.xgroup_delconsumer(key, self.subscriber, self.id)
-        except (RedisError, OSError, asyncio.CancelledError):
-            pass  # best effort: an idle consumer with nothing pending costs nothing
+                await self.exchange.delete_consumer_if_idle(key, self.subscriber, self.id)
+        except (RedisError, OSError):
+            pass  # best effort: the periodic sweep (_sweep_consumers) removes it later
+
+    async def _sweep_consumers(self) -> None:
+        """Delete consumers of the policy's groups left by ended subscriptions: nothing pending and idle
+        longer than the visibility timeout (a live subscription reads every _BLOCK_MS)."""
+        for key in self._streams:
+            try:
+                consumers = await self.redis.xinfo_consumers(key, self.subscriber)
+                for c in consumers:
+                    name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+                    if c["pending"] == 0 and c["idle"] > self.visibility_ms and name != self.id:
+                        await self.exchange.delete_consumer_if_idle(key, self.subscriber, name)
+            except ResponseError:
+                continue  # the stream or group went away (admin delete): the next refresh sorts it out
 
     async def _redis(self, awaitable):
         try:
