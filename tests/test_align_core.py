@@ -321,3 +321,17 @@ def test_non_finite_trace_is_invalid(gpt2, mistral, bad):
 def test_unknown_reduction_is_invalid(gpt2, mistral):
     with pytest.raises(InvalidArgument, match=r"trace 'lp': unknown reduction 'max'; valid: sum, all, mean, broadcast"):
         align(gpt2, gpt2.encode("a b c"), mistral, [Trace("lp", np.zeros(3), "max")])
+
+
+@pytest.mark.slow
+def test_a_gguf_file_loads_as_the_tokenizer_inside_it(vocabs):
+    """load_vocab on the .gguf itself (transformers converts its tokenizer) equals the cached conversion."""
+    from mrl_tokenizer_align import catalog
+    from mrl_tokenizer_align.vocab import load_vocab
+    gguf = next((catalog.cache_dir() / "smollm2").glob("*.gguf"))
+    direct = load_vocab("smollm2-gguf", gguf)
+    cached = vocabs["smollm2"]
+    assert (direct.family, direct.byte_exact, direct.vocab_size) == (cached.family, cached.byte_exact, cached.vocab_size)
+    assert np.array_equal(direct.lens, cached.lens) and direct.buf.tobytes() == cached.buf.tobytes()
+    text = "Hello, world! 12+34=46 😀"
+    assert np.array_equal(direct.encode(text), cached.encode(text))
