@@ -97,7 +97,7 @@ def test_multi_source_token_chunk_sums_exactly(gpt2, mistral):
     ids = mistral.encode(SENTENCE)
     lp = -np.arange(1, len(ids) + 1) / 4
     out = align(mistral, ids, gpt2, [Trace("lp", lp, "sum")])
-    np.testing.assert_array_equal(out.target_ids, gpt2.encode(" " + SENTENCE))
+    np.testing.assert_array_equal(out.target_ids, gpt2.encode(SENTENCE))  # SentencePiece's invented space dropped
     v = out.traces[0].values
     assert v.sum() == lp.sum()
     pieces = _pieces(gpt2, out.target_ids)
@@ -335,3 +335,60 @@ def test_a_gguf_file_loads_as_the_tokenizer_inside_it(vocabs):
     assert np.array_equal(direct.lens, cached.lens) and direct.buf.tobytes() == cached.buf.tobytes()
     text = "Hello, world! 12+34=46 😀"
     assert np.array_equal(direct.encode(text), cached.encode(text))
+
+
+# -- specials, normalizers and HF SentencePiece files (review findings) ---------------------------------
+def test_end_of_sequence_maps_by_content_then_to_the_configured_eos(vocabs):
+    smollm2, qwen, mistral, gpt2 = vocabs["smollm2"], vocabs["qwen"], vocabs["mistral-v1"], vocabs["gpt2"]
+    im_end = smollm2.specials["<|im_end|>"]
+    assert smollm2.eos_id == im_end  # from tokenizer_config.json, not the lowest end-of-text id
+    ids = np.append(smollm2.encode("The answer is 4."), im_end)
+    assert align(smollm2, ids, smollm2).target_ids[-1] == im_end
+    assert align(smollm2, ids, qwen).target_ids[-1] == qwen.specials["<|im_end|>"]  # the same chat tag
+    out = align(mistral, np.append(mistral.encode("Done."), mistral.eos_id), gpt2)  # </s>: no such tag in GPT-2
+    assert out.target_ids[-1] == gpt2.eos_id == 50256 and out.residual.mapped_specials == 1
+
+
+def test_a_chat_tag_inside_the_response_is_dropped_and_not_lossless(vocabs):
+    smollm2, qwen = vocabs["smollm2"], vocabs["qwen"]
+    ids = np.concatenate([smollm2.encode("Answer: 4"), [smollm2.specials["<|im_end|>"]], smollm2.encode("\nthanks")])
+    r = align(smollm2, ids, qwen).residual
+    assert (r.dropped_specials, r.lossless) == (1, False)
+    bos = smollm2.specials["<|im_start|>"]  # a special before the text (a BOS) costs nothing
+    assert align(smollm2, np.concatenate([[bos], smollm2.encode("Answer: 4")]), qwen).residual.lossless
+
+
+def test_a_byte_level_tokenizer_with_a_normalizer_is_compared_per_response(vocabs, tmp_path):
+    import json
+    from mrl_tokenizer_align import catalog
+    from mrl_tokenizer_align.vocab import load_vocab
+    spec = json.loads((catalog.cache_dir() / "smollm2-tokenizer" / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "NFC"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    nfc = load_vocab("smollm2-nfc", tmp_path / "tokenizer.json")
+    gpt2 = vocabs["gpt2"]
+    assert align(gpt2, gpt2.encode("The answer is 4."), nfc).residual.lossless  # NFC text: exact
+    decomposed = "cafe\u0301"                                                       # NFC changes it
+    r = align(gpt2, gpt2.encode(decomposed), nfc).residual
+    assert (r.lossless, r.normalizer_mismatch) == (False, True)
+
+
+@pytest.mark.slow
+def test_hf_sentencepiece_file_invents_a_space_and_aligns_losslessly(vocabs, tmp_path):
+    """Mistral's .model converted to a HF tokenizer.json (Metaspace): dummy prefix found, leading spaces kept."""
+    from transformers import LlamaTokenizerFast
+
+    from mrl_tokenizer_align import catalog
+    from mrl_tokenizer_align.vocab import load_vocab
+    import shutil
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    shutil.copy(catalog.cache_dir() / "mistral-v1.model", slow / "tokenizer.model")
+    LlamaTokenizerFast.from_pretrained(slow).save_pretrained(tmp_path / "fast")
+    hf = load_vocab("mistral-hf", tmp_path / "fast")
+    assert (hf.family, hf.dummy_prefix) == ("sentencepiece", True)
+    gpt2 = vocabs["gpt2"]
+    for text in ["Hello world", " Hello", "  12", "\nx", "a  b"]:
+        out = align(gpt2, gpt2.encode(text), hf)
+        assert out.residual.lossless, (text, out.residual)
+        assert out.text == text

@@ -100,48 +100,43 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
     _check_traces(traces, len(ids))
     res = Residual()
 
-    # 2. source bytes and token ends; specials leave the stream (an EOS at the end maps by role)
+    # 2. source bytes and token ends; specials leave the stream. An end of sequence at the end maps to the
+    #    target's counterpart (same chat tag, else its EOS); specials after the text starts are dropped.
     special = src.is_special[ids]
-    eos_at_end = bool(len(ids)) and special[-1] and int(ids[-1]) in src.eos_ids and dst.eos_id is not None
-    res.truncated = not (len(ids) and special[-1] and int(ids[-1]) in src.eos_ids)
+    last_is_eos = bool(len(ids)) and bool(special[-1]) and int(ids[-1]) in src.eos_ids
+    eos_target = dst.map_special(src, int(ids[-1])) if last_is_eos else None
+    eos_at_end = eos_target is not None
+    res.truncated = not last_is_eos
     res.mapped_specials = int(eos_at_end)
     res.dropped_specials = int(special.sum()) - res.mapped_specials
+    leading = int(np.argmin(special)) if not special.all() else len(ids)     # a BOS before the text
+    dropped_inside = res.dropped_specials - min(leading, res.dropped_specials)
     S = src.token_bytes(ids)
     ends_a = np.cumsum(src.lens[ids])                                      # (n,)
+    if src.dummy_prefix and S[:1] == b" ":                                 # the source encoder's invented space
+        S = S[1:]
+        ends_a = np.maximum(ends_a - 1, 0)
 
     # 3. an invalid UTF-8 tail is residual
     text, valid = _valid_prefix(S)
     res.invalid_utf8_bytes = len(S) - valid
     ends_a = np.minimum(ends_a, valid)
 
-    # 4–5. target ids and ends; byte-exact check, else character offsets
-    if dst.byte_exact or dst.encode_offsets is None:
-        # A dummy-prefix encoder re-adds a leading space: give it the text without one (unless that leaves
-        # nothing: "" encodes to no token at all, so " " is given as it is).
-        tids = dst.encode(text[1:] if dst.dummy_prefix and text.startswith(" ") and len(text) > 1 else text)
-        ends_b = np.cumsum(dst.lens[tids])
-        T, Sv = dst.token_bytes(tids), S[:valid]
-        if T != Sv and dst.dummy_prefix and T[:1] == b" " and T[1:] == Sv:
-            ends_b = ends_b - 1                                             # the invented leading space
-            T = T[1:]
-        res.normalizer_mismatch = T != Sv
-        if res.normalizer_mismatch and dst.encode_offsets is not None:
-            tids, ends_b = dst.encode_offsets(text)
-    else:
-        tids, ends_b = dst.encode_offsets(text)
-        res.normalizer_mismatch = True
+    # 4–5. target ids and ends: from the byte tables when they reproduce S, else from character offsets
+    tids, ends_b, exact = _target(dst, text, S[:valid])
+    res.normalizer_mismatch = not exact
     ends_b = np.maximum.accumulate(np.minimum(ends_b, valid)) if len(ends_b) else ends_b
     if len(ends_b):
         # The last target token covers the end of the text (already so when byte-exact; a normalizer may drop a
         # trailing space), so the last chunk has a target token to carry its values.
         ends_b[-1] = valid
-    canonical = src.encode(text[1:] if src.dummy_prefix and text.startswith(" ") else text)
-    res.source_noncanonical = not np.array_equal(canonical, ids[~special])
-    res.lossless = (src.byte_exact and not res.normalizer_mismatch and res.invalid_utf8_bytes == 0)
+    res.source_noncanonical = not np.array_equal(src.encode(text), ids[~special])
+    res.lossless = (src.byte_exact and exact and res.invalid_utf8_bytes == 0 and dropped_inside == 0)
     res.dropped_bytes = res.invalid_utf8_bytes
 
     # 6. chunks: boundaries both sides share (the end of the text is always one)
     shared = _shared_ends(ends_a[~special], ends_b)
+    shared = shared[shared > 0]  # a chunk holds bytes: zero-length tokens (an invented space) join the first
     if valid and (not len(shared) or shared[-1] != valid):
         shared = np.append(shared, valid)
     chunk_a = np.minimum(np.searchsorted(shared, ends_a), max(len(shared) - 1, 0))
@@ -157,17 +152,17 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
     out_traces = [_transfer(t, kept_chunk, keep, na, chunk_b, last, n_chunks, eos_at_end) for t in traces]
     target = tids
     if eos_at_end:                                                           # the EOS is a chunk of its own
-        target = np.append(tids, dst.eos_id)
+        target = np.append(tids, eos_target)
         chunk_a = chunk_a.copy()
         chunk_a[-1] = n_chunks
         chunk_b = np.append(chunk_b, n_chunks)
 
     # 8. residual statistics
+    res.chunks = n_chunks + int(eos_at_end)  # a mapped EOS is a chunk of its own (the statistics are text's)
     if n_chunks:
         nb = np.bincount(chunk_b[:len(tids)], minlength=n_chunks)
         one = (na == 1) & (nb == 1)
         chunk_bytes = np.diff(shared, prepend=0)
-        res.chunks = n_chunks + int(eos_at_end)  # a mapped EOS is a chunk of its own (the statistics are text's)
         res.one_to_one_share = int(np.count_nonzero(one)) / n_chunks
         res.one_to_one_byte_share = int(chunk_bytes[one].sum()) / max(1, int(shared[-1]))
         res.mean_source_tokens_per_chunk = int(keep.sum()) / n_chunks
@@ -176,6 +171,28 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
         res.max_target_tokens_per_chunk = int(nb.max())
     return Alignment(target_ids=np.concatenate([prompt, target]).astype(np.int64), response_start=len(prompt),
                      source_chunk=chunk_a, target_chunk=chunk_b, traces=out_traces, residual=res, text=text)
+
+
+def _target(dst: Vocab, text: str, Sv: bytes) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(target ids, their byte ends in `text`, whether the target's bytes are exactly Sv).
+
+    A dummy-prefix encoder prepends a space: given the text less its own leading space it reproduces S;
+    given a text without one, its first space is invented and is taken off the ends."""
+    if dst.byte_exact:
+        if dst.dummy_prefix and text.startswith(" ") and len(text) > 1:
+            tids = dst.encode(text[1:])
+            if dst.token_bytes(tids) == Sv:
+                return tids, np.cumsum(dst.lens[tids]), True
+        tids = dst.encode(text)
+        T = dst.token_bytes(tids)
+        if T == Sv:
+            return tids, np.cumsum(dst.lens[tids]), True
+        if dst.dummy_prefix and T == b" " + Sv:
+            return tids, np.maximum(np.cumsum(dst.lens[tids]) - 1, 0), True
+        if dst.encode_offsets is None:  # tables reproduce bytes and no offsets: keep the ends we have
+            return tids, np.cumsum(dst.lens[tids]), False
+    tids, ends = dst.encode_offsets(text)
+    return tids, ends, False
 
 
 def _shared_ends(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -206,6 +223,7 @@ def _transfer(trace: Trace, kept_chunk, keep, na, chunk_b, last, n_chunks: int, 
     else:  # "all": masked if any source token of the chunk is masked
         zeros = np.bincount(kept_chunk, weights=(v[keep] == 0).astype(np.float64), minlength=n_chunks)
         out = (zeros == 0).astype(np.float64)[chunk_b]
-    if eos_at_end:
-        out = np.append(out, v[-1] if trace.reduction != "broadcast" else (v[0] if len(v) else 0.0))
+    if eos_at_end:  # the EOS carries its own value (a mask: 1 if it was unmasked)
+        eos_value = {"broadcast": v[0], "all": float(v[-1] != 0)}.get(trace.reduction, v[-1])
+        out = np.append(out, eos_value)
     return Trace(trace.name, out, trace.reduction)

@@ -17,6 +17,7 @@ Byte tables by family:
 returns each token's end as a byte offset into `text.encode()` (for tokenizers whose bytes do
 not reproduce the text: the fallback of step 5).
 """
+import functools
 import hashlib
 import json
 import pathlib
@@ -36,12 +37,14 @@ Family = Literal["byte_level_bpe", "sentencepiece", "wordpiece"]
 class Vocab:
     tokenizer_id: str
     family: Family
-    byte_exact: bool                 # token bytes reproduce any text exactly (no lossy normalizer)
+    byte_exact: bool                 # token bytes are the text's bytes (byte-level BPE, SentencePiece); a
+                                     # normalizer may still change a text: alignment compares per response
     buf: np.ndarray                  # uint8, every token's bytes back to back
     starts: np.ndarray               # int64 [V]
     lens: np.ndarray                 # int64 [V]
     is_special: np.ndarray           # bool [V]: control/added special tokens (no bytes)
-    eos_ids: frozenset[int]          # end-of-sequence specials (mapped by role across tokenizers)
+    specials: dict[str, int]         # content -> id of every special token (chat tags, EOS, ...)
+    eos_id: int | None               # the tokenizer's configured end of sequence
     encode: Callable[[str], np.ndarray]
     encode_offsets: Callable[[str], tuple[np.ndarray, np.ndarray]] = field(repr=False, default=None)
     dummy_prefix: bool = False       # the encoder prepends a space the text does not have
@@ -51,9 +54,18 @@ class Vocab:
     def vocab_size(self) -> int:
         return len(self.lens)
 
-    @property
-    def eos_id(self) -> int | None:
-        return min(self.eos_ids) if self.eos_ids else None
+    @functools.cached_property
+    def eos_ids(self) -> frozenset[int]:
+        """Specials that end a sequence: the configured EOS and the usual end-of-turn tags."""
+        return frozenset({i for c, i in self.specials.items() if c in EOS_NAMES} | {self.eos_id} - {None})
+
+    def map_special(self, other: "Vocab", special_id: int) -> int | None:
+        """The id in this vocabulary of `other`'s special: the same content (a chat tag both know), else, for
+        an end of sequence, this tokenizer's own EOS; None when it has no counterpart."""
+        content = next((c for c, i in other.specials.items() if i == special_id), None)
+        if content in self.specials:
+            return self.specials[content]
+        return self.eos_id if special_id in other.eos_ids else None
 
     def token_bytes(self, ids: np.ndarray) -> bytes:
         """concat(tok_bytes[ids]) by one gather: idx = starts[ids] repeated + offset within token."""
@@ -85,14 +97,26 @@ def _tables(pieces: list[bytes], special: np.ndarray):
     return buf, starts, lens
 
 
+_HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tokenizer_files(path: pathlib.Path) -> list[pathlib.Path]:
+    """The files a tokenizer is read from: what registration confines and what its hash covers."""
+    if path.is_dir():
+        return [path / f for f in _HF_FILES if (path / f).exists()]
+    extra = [path.with_name(path.name + ".json")] if path.name.endswith(".tiktoken") else []
+    if path.name == "tokenizer.json":
+        extra = [path.with_name(f) for f in _HF_FILES[1:]]
+    return [path] + [f for f in extra if f.exists()]
+
+
 def content_sha256(path: pathlib.Path) -> str:
-    """sha256 over a tokenizer's file, or over every file of its folder in name order."""
+    """sha256 over a tokenizer's files (tokenizer_files), streamed."""
     h = hashlib.sha256()
-    sidecar = path.with_name(path.name + ".json")  # a .tiktoken file's regex and specials
-    files = (sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir()
-             else [path, sidecar] if sidecar.is_file() else [path])
-    for f in files:
-        h.update(f.read_bytes())
+    for f in tokenizer_files(path):
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
 
 
@@ -125,7 +149,8 @@ def _from_hf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
     tok.encode_special_tokens = True
     spec = json.loads(file.read_text())
     model = spec["model"]["type"]
-    text_spec = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder"), spec.get("normalizer")])
+    text_spec = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder"), spec.get("normalizer")],
+                           ensure_ascii=False)
     size = tok.get_vocab_size(with_added_tokens=True)
     inverse = {i: t for t, i in tok.get_vocab(with_added_tokens=True).items()}
     added = tok.get_added_tokens_decoder()
@@ -138,7 +163,7 @@ def _from_hf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         pieces = [(t[len(prefix):] if t.startswith(prefix) else " " + t).encode() for t in
                   (inverse.get(i, "") for i in range(size))]
     elif "ByteLevel" in text_spec:
-        family, exact = "byte_level_bpe", spec.get("normalizer") is None
+        family, exact = "byte_level_bpe", True
         pieces = [bytes(_U2B.get(c, 0) for c in inverse.get(i, "")) if not added.get(i) or added[i].special
                   else inverse[i].encode() for i in range(size)]
     elif "Metaspace" in text_spec or "▁" in text_spec:
@@ -148,7 +173,12 @@ def _from_hf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         raise InvalidArgument(f"{file}: tokenizer model {model!r} with this pre-tokenizer is not supported; "
                               f"supported: byte-level BPE, SentencePiece (Metaspace), WordPiece")
     buf, starts, lens = _tables(pieces, special)
-    eos = frozenset(i for i, t in added.items() if t.special and t.content in EOS_NAMES)
+    specials = {t.content: i for i, t in added.items() if t.special}
+    config = file.with_name("tokenizer_config.json")
+    eos_token = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
+    if isinstance(eos_token, dict):
+        eos_token = eos_token.get("content")
+    eos_id = specials.get(eos_token) if eos_token else next((i for c, i in specials.items() if c in EOS_NAMES), None)
 
     def encode(text: str) -> np.ndarray:
         return np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
@@ -159,8 +189,7 @@ def _from_hf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         ends = np.asarray([e for _, e in enc.offsets], dtype=np.int64)
         byte_ends = np.where(ends > 0, char_ends[np.maximum(ends - 1, 0)] if len(char_ends) else 0, 0)
         return np.asarray(enc.ids, dtype=np.int64), byte_ends
-    return Vocab(tokenizer_id, family, exact, buf, starts, lens, special, eos, encode, encode_offsets,
-                 dummy_prefix=family == "sentencepiece" and '"prepend_scheme": "always"' in text_spec)
+    return Vocab(tokenizer_id, family, exact, buf, starts, lens, special, specials, eos_id, encode, encode_offsets)
 
 
 def _spm_piece(piece: str) -> bytes:
@@ -178,7 +207,6 @@ def _from_sentencepiece(tokenizer_id: str, path: pathlib.Path) -> Vocab:
     pieces = [bytes([int(sp.id_to_piece(i)[3:5], 16)]) if sp.is_byte(i) else
               (b"" if sp.is_unknown(i) else sp.id_to_piece(i).replace("▁", " ").encode()) for i in range(size)]
     buf, starts, lens = _tables(pieces, special)
-    normalizer = _spm_normalizer(path)
 
     def encode(text: str) -> np.ndarray:
         return np.asarray(sp.encode(text), dtype=np.int64)
@@ -187,21 +215,14 @@ def _from_sentencepiece(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         proto = sp.encode(text, return_type="proto")                    # sentencepiece >= 0.2.1; byte offsets
         return (np.asarray([p.id for p in proto.pieces], dtype=np.int64),
                 np.asarray([p.end for p in proto.pieces], dtype=np.int64))
-    eos = frozenset([sp.eos_id()]) if sp.eos_id() >= 0 else frozenset()
-    return Vocab(tokenizer_id, "sentencepiece", normalizer == "identity", buf, starts, lens, special, eos, encode,
-                 encode_offsets, dummy_prefix=True)
-
-
-def _spm_normalizer(path: pathlib.Path) -> str:
-    from sentencepiece import sentencepiece_model_pb2 as model_pb2
-    m = model_pb2.ModelProto()
-    m.ParseFromString(path.read_bytes())
-    return m.normalizer_spec.name
+    specials = {sp.id_to_piece(i): i for i in range(size) if sp.is_control(i)}
+    return Vocab(tokenizer_id, "sentencepiece", True, buf, starts, lens, special, specials,
+                 sp.eos_id() if sp.eos_id() >= 0 else None, encode, encode_offsets)
 
 
 # A .tiktoken file holds only ranks. Its pre-tokenizer regex and special tokens come from a sidecar
-# `<file>.json` ({"pattern": ..., "special_tokens": {"<|endoftext|>": 50256, ...}}); without one,
-# GPT-2's regex and <|endoftext|> right after the last rank.
+# `<file>.json` ({"pattern": ..., "special_tokens": {"<|endoftext|>": 50256, ...}, "eos": "<|endoftext|>"});
+# without one, GPT-2's regex and <|endoftext|> right after the last rank.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -222,11 +243,11 @@ def _from_tiktoken(tokenizer_id: str, path: pathlib.Path) -> Vocab:
     enc = tiktoken.Encoding(tokenizer_id, pat_str=pattern, mergeable_ranks=ranks,
                             special_tokens=specials)
     buf, starts, lens = _tables(pieces, special)
-    eos = frozenset(i for name, i in specials.items() if name in EOS_NAMES)
+    eos_id = specials.get(meta.get("eos", "<|endoftext|>"))
 
     def encode(text: str) -> np.ndarray:
         return np.asarray(enc.encode_ordinary(text), dtype=np.int64)
-    return Vocab(tokenizer_id, "byte_level_bpe", True, buf, starts, lens, special, eos, encode, None)
+    return Vocab(tokenizer_id, "byte_level_bpe", True, buf, starts, lens, special, specials, eos_id, encode, None)
 
 
 def _from_gguf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
@@ -240,22 +261,37 @@ def _from_gguf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         return _from_hf(tokenizer_id, pathlib.Path(tmp))
 
 
+_LOADERS = {"hf": _from_hf, "tiktoken": _from_tiktoken, "sentencepiece": _from_sentencepiece, "gguf": _from_gguf}
+
+
+def _format(path: pathlib.Path) -> str:
+    name = path.name
+    if path.is_dir() or name.endswith(".json"):
+        return "hf"
+    if name.endswith(".tiktoken"):
+        return "tiktoken"
+    if ".model" in name:
+        return "sentencepiece"
+    if name.endswith(".gguf"):
+        return "gguf"
+    raise InvalidArgument(f"{path}: unknown tokenizer format; give a HF folder or tokenizer.json, a "
+                          f"SentencePiece .model, a .tiktoken file or a .gguf")
+
+
 def load_vocab(tokenizer_id: str, path: str | pathlib.Path) -> Vocab:
     """Load a HF folder or tokenizer.json, a SentencePiece .model, a .tiktoken file or a .gguf."""
     path = pathlib.Path(path)
     if not path.exists():
         raise InvalidArgument(f"tokenizer path {path} does not exist")
-    name = path.name
-    if path.is_dir() or name.endswith(".json"):
-        vocab = _from_hf(tokenizer_id, path)
-    elif name.endswith(".tiktoken"):
-        vocab = _from_tiktoken(tokenizer_id, path)
-    elif ".model" in name:
-        vocab = _from_sentencepiece(tokenizer_id, path)
-    elif name.endswith(".gguf"):
-        vocab = _from_gguf(tokenizer_id, path)
-    else:
-        raise InvalidArgument(f"{path}: unknown tokenizer format; give a HF folder or tokenizer.json, a "
-                              f"SentencePiece .model, a .tiktoken file or a .gguf")
+    loader = _LOADERS[_format(path)]
+    try:
+        vocab = loader(tokenizer_id, path)
+    except InvalidArgument:
+        raise
+    except Exception as exc:  # the libraries raise anything on a malformed file: the caller's input
+        raise InvalidArgument(f"{path} could not be loaded as a tokenizer: {type(exc).__name__}: {exc}") from exc
+    # An encoder that invents a leading space (SentencePiece's dummy prefix, HF Metaspace "always"/"first"):
+    # found by asking it, not by reading flags that differ across formats and versions.
+    vocab.dummy_prefix = vocab.family != "wordpiece" and vocab.token_bytes(vocab.encode("a")) == b" a"
     vocab.content_sha256 = content_sha256(path)
     return vocab
