@@ -167,3 +167,43 @@ def test_auth_policy_may_align_only_admin_registers(tmp_path):
                           json={"tokenizer_id": "x", "path": str(gpt2)}).status_code == 403
     finally:
         running.stop()
+
+
+def test_rest_bodies_are_capped_and_never_a_server_error(tmp_path):
+    settings = AlignSettings(port=0, admin_port=0, tokenizers={"gpt2": cached_paths()["gpt2"]},
+                             max_message_bytes=256 * 1024)
+    running = RunningServer(lambda: AlignServer(settings))
+    try:
+        url = f"{running.admin}/v1/align"
+        big = httpx.post(url, content=b"{" + b" " * (300 * 1024) + b"}", headers={"content-type": "application/json"})
+        assert big.status_code == 400 and "at most 262144" in big.json()["detail"]
+        deep = httpx.post(url, content=b"[" * 100_000)
+        assert deep.status_code == 400
+        wrong = httpx.post(url, json={"source_ids": "not a list"})
+        assert wrong.status_code == 400 and "malformed AlignRequest" in wrong.json()["detail"]
+    finally:
+        running.stop()
+
+
+def test_batch_id_budget_is_checked_before_any_work(service, stub):
+    service.server.aligner.settings.max_batch_ids, old = 100, service.server.aligner.settings.max_batch_ids
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.AlignBatch(tpb.AlignBatchRequest(requests=[request(service, traces=[], source_ids=[464] * 60)] * 2))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 100" in info.value.details()
+    finally:
+        service.server.aligner.settings.max_batch_ids = old
+
+
+def test_a_symlinked_sidecar_outside_the_roots_is_refused(tmp_path):
+    import shutil
+    from mrl_tokenizer_align.registry import TokenizerRegistry
+    from mrl.errors import PermissionDenied
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    shutil.copy(cached_paths()["gpt2"], root / "gpt2.tiktoken")
+    (outside / "side.json").write_text('{"pattern": "."}')
+    os.symlink(outside / "side.json", root / "gpt2.tiktoken.json")
+    with pytest.raises(PermissionDenied, match="not a regular file under the allowed tokenizer roots"):
+        TokenizerRegistry([root]).register("evil", root / "gpt2.tiktoken")

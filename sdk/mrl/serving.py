@@ -25,11 +25,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from mrl.auth import Authenticator, Principal
 from mrl.errors import MrlError, Unauthenticated
-from mrl.grpc_service import add_health_and_reflection, add_service, bind
+from mrl.grpc_service import add_health_and_reflection, add_service, authorization, bind
 from mrl.ratelimit import RateLimiter
 from mrl.settings import ServerSettings
 
-__all__ = ["ServiceServer", "rest_app", "run_until_signal"]
+__all__ = ["ServiceServer", "grpc_principal", "rest_app", "run_until_signal"]
 
 log = logging.getLogger("mrl.serving")
 
@@ -76,6 +76,23 @@ class ServiceServer:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             await self._uvicorn_task
+
+
+def grpc_principal(auth: Authenticator, limiter: RateLimiter, context, cost: float = 1.0) -> Principal:
+    """The caller of a gRPC call, charged `cost` against its rate limit. Failed attempts spend a budget of
+    their own per peer host, so guessing tokens is throttled too."""
+    try:
+        principal = auth.authenticate(authorization(context))
+    except Unauthenticated:
+        limiter.take(f"unauthenticated@{_host(context.peer())}")
+        raise
+    limiter.take(principal.name, cost)
+    return principal
+
+
+def _host(peer: str) -> str:
+    """'ipv4:127.0.0.1:5555' -> 'ipv4:127.0.0.1'; 'ipv6:[::1]:5555' -> 'ipv6:[::1]'."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
 def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLimiter,

@@ -3,8 +3,7 @@ import grpc
 
 from mrl import experience
 from mrl.auth import Authenticator, Principal
-from mrl.errors import Unauthenticated
-from mrl.grpc_service import authorization
+from mrl.serving import grpc_principal
 from mrl.ratelimit import RateLimiter
 from mrl.v1 import exchange_pb2 as xpb
 from mrl_exchange.core import Exchange
@@ -18,14 +17,7 @@ class ExchangeServicer:
         self.exchange, self.auth, self.limiter = exchange, auth, limiter
 
     def _principal(self, context: grpc.aio.ServicerContext, cost: float = 1.0) -> Principal:
-        try:
-            principal = self.auth.authenticate(authorization(context))
-        except Unauthenticated:
-            # Failed attempts spend a budget of their own per peer host, so guessing tokens is throttled too.
-            self.limiter.take(f"unauthenticated@{_host(context.peer())}")
-            raise
-        self.limiter.take(principal.name, cost)
-        return principal
+        return grpc_principal(self.auth, self.limiter, context, cost)
 
     async def Publish(self, request: xpb.PublishRequest, context) -> xpb.PublishResponse:
         # An oversize batch is refused by validation (INVALID_ARGUMENT), not by the rate limit.
@@ -63,7 +55,3 @@ class ExchangeServicer:
         stats = await self.exchange.topic_stats(request.run_id, kind, request.producer)
         return xpb.GetTopicStatsResponse(topics=stats)
 
-
-def _host(peer: str) -> str:
-    """'ipv4:127.0.0.1:5555' -> 'ipv4:127.0.0.1'; 'ipv6:[::1]:5555' -> 'ipv6:[::1]'."""
-    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer

@@ -24,7 +24,7 @@ CATALOG = {
 
 
 def cache_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("MRL_TOKENIZER_CACHE", pathlib.Path.home() / ".cache" / "mrl" / "tokenizers"))
+    return pathlib.Path(os.environ.get("MRL_TOKENIZER_CACHE", "~/.cache/mrl/tokenizers")).expanduser()
 
 
 def cached_paths() -> dict[str, pathlib.Path]:

@@ -10,7 +10,7 @@ import pathlib
 
 from mrl.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from mrl.experience import validate_name
-from mrl_tokenizer_align.vocab import Vocab, content_sha256, load_vocab
+from mrl_tokenizer_align.vocab import Vocab, content_sha256, load_vocab, tokenizer_files
 
 __all__ = ["TokenizerRegistry"]
 
@@ -34,6 +34,10 @@ class TokenizerRegistry:
                                    f"({', '.join(map(str, self.roots)) or 'none configured'}; MRL_TOKENIZER_ROOTS)")
         if not resolved.exists():
             raise NotFound(f"tokenizer path {path} does not exist")
+        for f in tokenizer_files(resolved):  # a sidecar or a folder's files may be symlinks too
+            real = f.resolve()
+            if not real.is_file() or not any(real.is_relative_to(root) for root in self.roots):
+                raise PermissionDenied(f"{f} is not a regular file under the allowed tokenizer roots")
         if tokenizer_id not in self._by_id and len(self._by_id) >= self.max_tokenizers:
             raise ResourceExhausted(f"{self.max_tokenizers} tokenizers are registered already (MRL_MAX_TOKENIZERS)")
         digest = content_sha256(resolved)

@@ -4,6 +4,7 @@ Requests are checked against the limits (ids, traces, batch) before any work; CP
 alignment runs in a worker thread so health checks and other calls stay responsive.
 """
 import asyncio
+import json
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request
@@ -11,9 +12,8 @@ from google.protobuf import json_format
 
 from mrl.auth import Authenticator
 from mrl.errors import InvalidArgument
-from mrl.grpc_service import authorization
 from mrl.ratelimit import RateLimiter
-from mrl.serving import rest_app
+from mrl.serving import grpc_principal, rest_app
 from mrl.v1 import tokenizer_align_pb2 as tpb
 from mrl_tokenizer_align.align import Alignment, Trace, align
 from mrl_tokenizer_align.metrics import AlignMetrics
@@ -55,9 +55,13 @@ class Aligner:
         return _response(result)
 
     def align_batch(self, req: tpb.AlignBatchRequest) -> tpb.AlignBatchResponse:
-        if len(req.requests) > self.settings.max_batch:
-            raise InvalidArgument(f"{len(req.requests)} alignments in one batch; at most {self.settings.max_batch} "
-                                  f"(MRL_MAX_BATCH)")
+        s = self.settings
+        if len(req.requests) > s.max_batch:
+            raise InvalidArgument(f"{len(req.requests)} alignments in one batch; at most {s.max_batch} (MRL_MAX_BATCH)")
+        total = sum(len(r.source_ids) for r in req.requests)
+        if total > s.max_batch_ids:
+            raise InvalidArgument(f"the batch holds {total} source ids; at most {s.max_batch_ids} per AlignBatch "
+                                  f"(MRL_MAX_BATCH_IDS), so that the answer fits one message: split it")
         out = tpb.AlignBatchResponse()
         for i, r in enumerate(req.requests):
             try:
@@ -113,9 +117,7 @@ class AlignServicer:
         self.aligner, self.auth, self.limiter = aligner, auth, limiter
 
     def _principal(self, context, cost: float = 1.0):
-        principal = self.auth.authenticate(authorization(context))
-        self.limiter.take(principal.name, cost)
-        return principal
+        return grpc_principal(self.auth, self.limiter, context, cost)
 
     async def Align(self, request, context):
         self._principal(context)
@@ -134,15 +136,19 @@ class AlignServicer:
         return self.aligner.list()
 
 
-def _parse(message_cls, body: dict):
+def _rest_call(work, request_cls, raw: bytes) -> dict:
+    """JSON body -> request message -> work -> JSON-ready dict, all off the event loop."""
     try:
-        return json_format.ParseDict(body, message_cls())
-    except json_format.ParseError as exc:
-        raise InvalidArgument(f"malformed {message_cls.DESCRIPTOR.name}: {exc}") from None
-
-
-def _json(message) -> dict:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidArgument("the body is not JSON (or nests too deeply)") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the body must be a JSON object")
+    try:
+        message = json_format.ParseDict(doc, request_cls())
+    except (json_format.ParseError, RecursionError) as exc:
+        raise InvalidArgument(f"malformed {request_cls.DESCRIPTOR.name}: {exc}") from None
+    return json_format.MessageToDict(work(message), preserving_proto_field_name=True)
 
 
 def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter) -> FastAPI:
@@ -154,29 +160,33 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
                                      "and token-level traces across tokenizers.", auth, limiter,
                                      aligner.metrics.registry, ready)
 
-    async def body(request: Request) -> dict:
-        try:
-            doc = await request.json()
-        except ValueError:
-            raise InvalidArgument("the body is not JSON") from None
-        if not isinstance(doc, dict):
-            raise InvalidArgument("the body must be a JSON object")
-        return doc
+    limit = aligner.settings.max_message_bytes
+
+    async def call(request: Request, work, request_cls) -> dict:
+        declared = int(request.headers.get("content-length") or 0)
+        if declared > limit:
+            raise InvalidArgument(f"the body is {declared} bytes; at most {limit} (MRL_MAX_MESSAGE_BYTES)")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise InvalidArgument(f"the body exceeds {limit} bytes (MRL_MAX_MESSAGE_BYTES)")
+        return await asyncio.to_thread(_rest_call, work, request_cls, bytes(raw))
 
     @app.post("/v1/align", dependencies=[Depends(principal)])
-    async def align_one(doc: dict = Depends(body)):
-        return _json(await asyncio.to_thread(aligner.align, _parse(tpb.AlignRequest, doc)))
+    async def align_one(request: Request):
+        return await call(request, aligner.align, tpb.AlignRequest)
 
     @app.post("/v1/align/batch", dependencies=[Depends(principal)])
-    async def align_many(doc: dict = Depends(body)):
-        return _json(await asyncio.to_thread(aligner.align_batch, _parse(tpb.AlignBatchRequest, doc)))
+    async def align_many(request: Request):
+        return await call(request, aligner.align_batch, tpb.AlignBatchRequest)
 
     @app.get("/v1/tokenizers", dependencies=[Depends(principal)])
     async def tokenizers():
-        return _json(aligner.list())
+        return json_format.MessageToDict(aligner.list(), preserving_proto_field_name=True)
 
     @app.post("/v1/tokenizers", dependencies=[Depends(admin)])
-    async def register(doc: dict = Depends(body)):
-        return _json(await asyncio.to_thread(aligner.register, _parse(tpb.RegisterTokenizerRequest, doc)))
+    async def register(request: Request):
+        return await call(request, aligner.register, tpb.RegisterTokenizerRequest)
 
     return app

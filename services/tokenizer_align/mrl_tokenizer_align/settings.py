@@ -21,5 +21,7 @@ class AlignSettings(ServerSettings):
                     "so every replica answers the same ids.")
     max_ids: int = Field(32768, gt=0, description="Most source ids (or prompt ids) in one alignment.")
     max_batch: int = Field(512, gt=0, description="Most alignments in one AlignBatch.")
+    max_batch_ids: int = Field(262_144, gt=0, description="Most source ids in one AlignBatch (its answer must fit "
+                                                          "one message).")
     max_traces: int = Field(16, gt=0, description="Most traces per alignment.")
     max_tokenizers: int = Field(64, gt=0, description="Most tokenizers held in memory.")
