@@ -392,3 +392,15 @@ def test_hf_sentencepiece_file_invents_a_space_and_aligns_losslessly(vocabs, tmp
         out = align(gpt2, gpt2.encode(text), hf)
         assert out.residual.lossless, (text, out.residual)
         assert out.text == text
+
+
+def test_a_stray_invalid_byte_inside_the_response_drops_only_itself(vocabs):
+    gpt2, mistral = vocabs["gpt2"], vocabs["mistral-v1"]
+    stray = gpt2.encode("\u00ff")[:1]                                   # the token of byte 0xC3 alone
+    assert gpt2.token_bytes(stray) == b"\xc3"
+    ids = np.concatenate([gpt2.encode("abc"), stray, gpt2.encode(" def")])
+    lp = -np.ones(len(ids))
+    out = align(gpt2, ids, mistral, [Trace("lp", lp, "sum")])
+    assert out.text == "abc def" and "\ufffd" not in out.text
+    assert (out.residual.invalid_utf8_bytes, out.residual.lossless) == (1, False)
+    assert out.traces[0].values.sum() == lp.sum()                     # the stray token's value stays in its chunk

@@ -5,7 +5,7 @@ and move the traces onto them:
 
     S       = concat(tok_bytes_A[ids_A])              (specials leave the byte stream)
     ends_A  = cumsum(tok_len_A[ids_A])                a token's end, as a byte offset in S
-    text    = longest valid UTF-8 prefix of S         (an invalid tail is residual, never replaced)
+    text    = the valid UTF-8 of S                    (invalid bytes are residual, never replaced)
     ids_B   = encode_B(text);  ends_B from B's byte tables, or B's offsets when B is not byte-exact
     shared  = ends_A ∩ ends_B                          chunk boundaries: a chunk is the smallest span
                                                        both sides cover exactly
@@ -72,12 +72,18 @@ class Alignment:
     text: str = ""
 
 
-def _valid_prefix(data: bytes) -> tuple[str, int]:
-    """(decoded longest valid UTF-8 prefix, its length in bytes)."""
-    try:
-        return data.decode("utf-8"), len(data)
-    except UnicodeDecodeError as exc:
-        return data[:exc.start].decode("utf-8"), exc.start
+def _decode_valid(data: bytes) -> tuple[str, np.ndarray]:
+    """The text of the valid UTF-8 parts of `data`, and the sorted positions of the invalid bytes left out
+    (never replaced by U+FFFD). One step per invalid sequence, not per byte or token."""
+    parts, bad, pos = [], [], 0
+    while True:
+        try:
+            parts.append(data[pos:].decode("utf-8"))
+            return "".join(parts), np.asarray(bad, dtype=np.int64)
+        except UnicodeDecodeError as exc:
+            parts.append(data[pos:pos + exc.start].decode("utf-8"))
+            bad.extend(range(pos + exc.start, pos + exc.end))
+            pos += exc.end
 
 
 def _check_traces(traces: list[Trace], n: int) -> None:
@@ -117,13 +123,17 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
         S = S[1:]
         ends_a = np.maximum(ends_a - 1, 0)
 
-    # 3. an invalid UTF-8 tail is residual
-    text, valid = _valid_prefix(S)
-    res.invalid_utf8_bytes = len(S) - valid
-    ends_a = np.minimum(ends_a, valid)
+    # 3. invalid UTF-8 (a generation cut inside a character, a stray byte token) is residual: left out of the
+    #    text, and the source ends move back by the invalid bytes before them
+    text, bad = _decode_valid(S)
+    res.invalid_utf8_bytes = len(bad)
+    if len(bad):
+        ends_a = ends_a - np.searchsorted(bad, ends_a)
+        S = text.encode()
+    valid = len(S)
 
     # 4–5. target ids and ends: from the byte tables when they reproduce S, else from character offsets
-    tids, ends_b, exact = _target(dst, text, S[:valid])
+    tids, ends_b, exact = _target(dst, text, S)
     res.normalizer_mismatch = not exact
     ends_b = np.maximum.accumulate(np.minimum(ends_b, valid)) if len(ends_b) else ends_b
     if len(ends_b):
