@@ -207,3 +207,11 @@ def test_a_symlinked_sidecar_outside_the_roots_is_refused(tmp_path):
     os.symlink(outside / "side.json", root / "gpt2.tiktoken.json")
     with pytest.raises(PermissionDenied, match="not a regular file under the allowed tokenizer roots"):
         TokenizerRegistry([root]).register("evil", root / "gpt2.tiktoken")
+
+
+def test_rest_enum_out_of_range_is_refused_not_wrapped(service):
+    from google.protobuf import json_format
+    body = json_format.MessageToDict(request(service), preserving_proto_field_name=True)
+    body["traces"][0]["reduction"] = 2**32 + 2
+    r = httpx.post(f"{service.admin}/v1/align", json=body)
+    assert r.status_code == 400 and "is not a TraceReduction" in r.json()["detail"]

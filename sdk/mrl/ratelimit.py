@@ -5,6 +5,7 @@ passes when c tokens are there (and takes them), otherwise it is refused with th
 it would need. Buckets live in the serving process: with R replicas behind a balancer
 a principal gets up to R·rate.
 """
+import threading
 import time
 
 from mrl.errors import ResourceExhausted
@@ -18,8 +19,13 @@ class RateLimiter:
             raise ValueError(f"rate ({rate}) and burst ({burst}) must be > 0")
         self.rate, self.burst = rate, burst
         self._buckets: dict[str, tuple[float, float]] = {}  # name -> (tokens, last refill time)
+        self._lock = threading.Lock()  # REST work may charge from a worker thread
 
     def take(self, name: str, cost: float = 1.0) -> None:
+        with self._lock:
+            self._take(name, cost)
+
+    def _take(self, name: str, cost: float) -> None:
         now = time.monotonic()
         tokens, last = self._buckets.get(name, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)

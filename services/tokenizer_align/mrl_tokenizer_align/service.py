@@ -136,6 +136,17 @@ class AlignServicer:
         return self.aligner.list()
 
 
+def _check_reductions(doc: dict) -> None:
+    """ParseDict wraps an out-of-range enum number (2**32 + 2 becomes ALL): refuse it instead."""
+    requests = doc.get("requests", [doc])
+    for r in requests if isinstance(requests, list) else ():
+        traces = r.get("traces") if isinstance(r, dict) else None
+        for t in traces if isinstance(traces, list) else ():
+            reduction = t.get("reduction") if isinstance(t, dict) else None
+            if isinstance(reduction, (int, float)) and not isinstance(reduction, bool) and reduction not in range(5):
+                raise InvalidArgument(f"trace reduction {reduction} is not a TraceReduction (0-4 or its name)")
+
+
 def _rest_call(work, request_cls, raw: bytes) -> dict:
     """JSON body -> request message -> work -> JSON-ready dict, all off the event loop."""
     try:
@@ -144,6 +155,7 @@ def _rest_call(work, request_cls, raw: bytes) -> dict:
         raise InvalidArgument("the body is not JSON (or nests too deeply)") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("the body must be a JSON object")
+    _check_reductions(doc)
     try:
         message = json_format.ParseDict(doc, request_cls())
     except (json_format.ParseError, RecursionError) as exc:
@@ -177,9 +189,13 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
     async def align_one(request: Request):
         return await call(request, aligner.align, tpb.AlignRequest)
 
-    @app.post("/v1/align/batch", dependencies=[Depends(principal)])
-    async def align_many(request: Request):
-        return await call(request, aligner.align_batch, tpb.AlignBatchRequest)
+    @app.post("/v1/align/batch")
+    async def align_many(request: Request, who=Depends(principal)):
+        def work(batch: tpb.AlignBatchRequest) -> tpb.AlignBatchResponse:
+            # charged per alignment, as over gRPC (the dependency took one already)
+            limiter.take(who.name, min(max(0, len(batch.requests) - 1), aligner.settings.max_batch))
+            return aligner.align_batch(batch)
+        return await call(request, work, tpb.AlignBatchRequest)
 
     @app.get("/v1/tokenizers", dependencies=[Depends(principal)])
     async def tokenizers():
