@@ -68,7 +68,9 @@ def spawn(service: str, redis_url: str | None = None, **settings):
     """A service child process (on free ports unless given); yields its ServiceProcess."""
     words, _, needs_redis = SERVICES[service]
     env = {"MRL_PORT": "0", "MRL_ADMIN_PORT": "0", **({"MRL_REDIS_URL": redis_url} if needs_redis else {})}
-    env.update({f"MRL_{k.upper()}": str(v) for k, v in settings.items()})
+    # lists and mappings as JSON, as pydantic-settings reads them from the environment
+    env.update({f"MRL_{k.upper()}": json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+                for k, v in settings.items()})
     process = ServiceProcess([sys.executable, "-m", "mrl.cli", *words], env)
     try:
         yield process

@@ -255,10 +255,14 @@ def _from_gguf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
     import tempfile
 
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     with tempfile.TemporaryDirectory() as tmp:
-        tok.save_pretrained(tmp)
-        return _from_hf(tokenizer_id, pathlib.Path(tmp))
+        # Alone in a folder of its own (a link), so transformers reads no sibling file beside the GGUF.
+        alone = pathlib.Path(tmp) / "in"
+        alone.mkdir()
+        (alone / path.name).symlink_to(path.resolve())
+        tok = AutoTokenizer.from_pretrained(str(alone), gguf_file=path.name)
+        tok.save_pretrained(pathlib.Path(tmp) / "out")
+        return _from_hf(tokenizer_id, pathlib.Path(tmp) / "out")
 
 
 _LOADERS = {"hf": _from_hf, "tiktoken": _from_tiktoken, "sentencepiece": _from_sentencepiece, "gguf": _from_gguf}
