@@ -87,3 +87,13 @@ def _ppid(proc_dir: pathlib.Path) -> int | None:
         return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_spawn_passes_list_and_mapping_settings_as_json():
+    import httpx
+    from mrl.topology import spawn
+    from mrl_tokenizer_align.catalog import cache_dir, cached_paths
+    gpt2 = cached_paths()["gpt2"]
+    with spawn("tokenizer_align", tokenizer_roots=[str(cache_dir())], tokenizers={"only-gpt2": str(gpt2)}) as align:
+        listed = httpx.get(f"http://127.0.0.1:{align.ready['admin_port']}/v1/tokenizers").json()["tokenizers"]
+        assert [t["tokenizer_id"] for t in listed] == ["only-gpt2"]
