@@ -25,7 +25,7 @@ from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
 from mrl_exchange.settings import ExchangeSettings
 
-__all__ = ["Exchange", "stream_key", "parse_delivery_id"]
+__all__ = ["Exchange", "stream_key", "parse_delivery_id", "redis_call"]
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class Exchange:
     async def topics(self, run_id: str) -> list[tuple[str, str]]:
         """(kind, producer) of every stream of a run, sorted."""
         experience.validate_name("run_id", run_id)
-        members = await self._call(self.redis.smembers(topics_key(run_id)))
+        members = await redis_call(self.redis.smembers(topics_key(run_id)))
         return sorted(tuple(m.decode().split(":", 1)) for m in members)
 
     async def runs(self) -> list[str]:
@@ -249,7 +249,7 @@ class Exchange:
         return sorted(runs)
 
     async def topic_stats(self, run_id: str, kind: str = "", producer: str = "") -> list[xpb.TopicStats]:
-        versions = await self._call(self.redis.hgetall(versions_key(run_id)))
+        versions = await redis_call(self.redis.hgetall(versions_key(run_id)))
         out = []
         for k, p in await self.topics(run_id):
             if (kind and k != kind) or (producer and p != producer):
@@ -285,7 +285,7 @@ class Exchange:
         key = stream_key(run_id, kind, experience.validate_name("producer", producer))
         if (kind, producer) not in await self.topics(run_id):
             raise NotFound(f"run {run_id!r} has no {kind} stream from {producer!r}")
-        return await self._call(self.redis.xtrim(key, maxlen=maxlen, approximate=False))
+        return await redis_call(self.redis.xtrim(key, maxlen=maxlen, approximate=False))
 
     async def delete_run(self, run_id: str) -> int:
         """Delete every key of a run (streams, groups, dedupe markers); return how many."""
@@ -295,24 +295,26 @@ class Exchange:
         async for key in self.redis.scan_iter(match=f"mrl:{{{run_id}}}:*", count=1000):
             batch.append(key)
             if len(batch) == 500:
-                deleted += await self._call(self.redis.unlink(*batch))
+                deleted += await redis_call(self.redis.unlink(*batch))
                 batch = []
         if batch:
-            deleted += await self._call(self.redis.unlink(*batch))
+            deleted += await redis_call(self.redis.unlink(*batch))
         if not deleted:
             raise NotFound(f"run {run_id!r} has no data")
         return deleted
 
     async def latest_versions(self, run_id: str) -> dict[str, int]:
-        raw = await self._call(self.redis.hgetall(versions_key(run_id)))
+        raw = await redis_call(self.redis.hgetall(versions_key(run_id)))
         return {k.decode(): int(v) for k, v in raw.items()}
 
-    @staticmethod
-    async def _call(awaitable):
-        try:
-            return await awaitable
-        except (RedisError, OSError) as exc:
-            raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
+
+
+async def redis_call(awaitable):
+    """Await a Redis command; a connection or server failure becomes Unavailable (the boundary mapping)."""
+    try:
+        return await awaitable
+    except (RedisError, OSError) as exc:
+        raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
 
 
 def _raw_reply(response, **options):

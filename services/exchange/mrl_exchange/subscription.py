@@ -25,7 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from mrl import experience
 from mrl.errors import InvalidArgument, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
-from mrl_exchange.core import Exchange, start_key, stream_key
+from mrl_exchange.core import Exchange, redis_call, start_key, stream_key
 from mrl_exchange.wire import RawSubscribeResponse
 
 __all__ = ["Subscription"]
@@ -113,10 +113,10 @@ class Subscription:
     async def _latest_start(self) -> str:
         """The policy's LATEST start, fixed at its first subscription in the run (SET NX), so a stream
         that appears while it is disconnected is still read from that point on reconnection."""
-        sec, usec = await self._redis(self.redis.time())
+        sec, usec = await redis_call(self.redis.time())
         key = start_key(self.run_id, self.subscriber)
-        await self._redis(self.redis.set(key, f"{sec * 1000 + usec // 1000}-0", nx=True))
-        return (await self._redis(self.redis.get(key))).decode()
+        await redis_call(self.redis.set(key, f"{sec * 1000 + usec // 1000}-0", nx=True))
+        return (await redis_call(self.redis.get(key))).decode()
 
     # -- reading ---------------------------------------------------------------------------
     def _free_credit(self) -> int:
@@ -147,7 +147,7 @@ class Subscription:
             return []
         if now >= self._next_sweep:
             self._next_sweep = now + max(self.visibility_ms / 1000, _SWEEP_S)
-            await self._redis(self._sweep_consumers())
+            await redis_call(self._sweep_consumers())
         if now >= self._next_claim:
             self._next_claim = now + self.visibility_ms / 4000
             claimed = await self._claim(credit)
@@ -186,7 +186,7 @@ class Subscription:
             self._claim_cursor[key] = cursor.decode()
             gone = [eid for eid, fields in entries if not fields]  # deleted by retention while pending
             if gone:
-                await self._redis(self.redis.xack(key, self.subscriber, *gone))
+                await redis_call(self.redis.xack(key, self.subscriber, *gone))
             out += [(key, eid.decode(), fields, True) for eid, fields in entries if fields]
         return out
 
@@ -286,12 +286,6 @@ class Subscription:
                         await self.exchange.delete_consumer_if_idle(key, self.subscriber, name)
             except ResponseError:
                 continue  # the stream or group went away (admin delete): the next refresh sorts it out
-
-    async def _redis(self, awaitable):
-        try:
-            return await awaitable
-        except (RedisError, OSError) as exc:
-            raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
 
 
 def _payload_and_version(fields: list) -> tuple[bytes, int]:
