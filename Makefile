@@ -22,7 +22,7 @@ $(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard se
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet -e sdk -e services/exchange -e services/tokenizer_align
+	$(BIN)/python -m pip install --quiet -e sdk -e services/exchange -e services/tokenizer_align -e services/scheduler -e services/trainer
 	touch $@
 
 tokenizers: $(TOKENIZERS_STAMP)

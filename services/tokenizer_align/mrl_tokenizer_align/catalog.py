@@ -9,8 +9,9 @@
 
 The cache is `MRL_TOKENIZER_CACHE`, or ~/.cache/mrl/tokenizers.
 """
-import os
 import pathlib
+
+from mrl.assets import tokenizer_cache_dir as cache_dir
 
 __all__ = ["CATALOG", "cache_dir", "cached_paths"]
 
@@ -21,10 +22,6 @@ CATALOG = {
     "minilm": "minilm",
     "smollm2": "smollm2-tokenizer",
 }
-
-
-def cache_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("MRL_TOKENIZER_CACHE", "~/.cache/mrl/tokenizers")).expanduser()
 
 
 def cached_paths() -> dict[str, pathlib.Path]:

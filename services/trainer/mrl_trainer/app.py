@@ -1,0 +1,61 @@
+"""`mrl trainer run CONFIG`: train one policy until its steps are done or SIGINT/SIGTERM arrives.
+
+A signal finishes the step under way, writes a checkpoint and exits 0; a bad config, model or
+data, a verifier that raises or a non-finite loss prints one clear error and exits 2, leaving the
+last checkpoint intact (a NaN step is never checkpointed). The last line printed is a JSON summary.
+"""
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+
+import yaml
+
+from mrl_trainer.config import load_config
+from mrl_trainer.errors import TrainerError
+
+__all__ = ["run", "main"]
+
+
+def _parse_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise TrainerError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set steps=20")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def run(config_path: str, overrides: dict | None = None) -> dict:
+    from mrl_trainer.trainer import Trainer
+    config = load_config(config_path, overrides)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with contextlib.ExitStack() as stack:
+        exchange = None
+        if config.exchange:
+            from mrl.exchange_client import ExchangeClient
+            exchange = stack.enter_context(ExchangeClient(
+                config.exchange.target, config.exchange.token or os.environ.get("MRL_TOKEN")))
+        trainer = Trainer(config, exchange=exchange)
+        stack.callback(trainer.close)
+        if trainer.resumed_from:
+            print(f"mrl trainer: resumed from {trainer.resumed_from} at step {trainer.state.step}", file=sys.stderr)
+        state = trainer.run(should_stop=stop.is_set)
+        summary = {"policy": config.policy, "step": state.step, "steps": config.steps,
+                   "rollouts_total": state.rollouts_total, "stopped_early": state.step < config.steps,
+                   "checkpoint_dir": config.checkpoint.dir, "metrics": str(trainer.metrics.path)}
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def main(config_path: str, overrides: list[str]) -> None:
+    try:
+        run(config_path, _parse_overrides(overrides))
+    except TrainerError as exc:
+        print(f"mrl trainer: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

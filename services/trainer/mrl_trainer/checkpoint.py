@@ -1,0 +1,102 @@
+"""Checkpoint and resume: a killed trainer resumes at the same step with the same state.
+
+    <dir>/step-000040/model.safetensors   the policy's weights (shared tensors once)
+    <dir>/step-000040/config.json ...     its config and tokenizer: the folder loads as model.source=hf
+    <dir>/step-000040/trainer.pt          optimizer, RNG states (torch, CUDA, python, numpy), TrainState
+    <dir>/latest                          the name of the newest complete checkpoint
+
+A checkpoint is written into `step-N.tmp/`, renamed into place, and only then named by `latest`
+(os.replace): a crash at any point leaves the previous checkpoint intact and `latest` naming a
+complete one. The data cursor is the step itself: the prompts of step t are a pure function of
+(task, seed, t), so nothing else about the data needs saving.
+"""
+import dataclasses
+import os
+import pathlib
+import random
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from mrl_trainer.errors import TrainerError
+
+__all__ = ["TrainState", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
+
+
+@dataclasses.dataclass
+class TrainState:
+    step: int = 0                  # optimizer steps done; the next step to run
+    rollouts_total: int = 0
+    batch_rewards: list[float] = dataclasses.field(default_factory=list)   # recent batch mean rewards
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def latest_checkpoint(directory: str | pathlib.Path) -> pathlib.Path | None:
+    marker = pathlib.Path(directory) / "latest"
+    if not marker.exists():
+        return None
+    folder = marker.parent / marker.read_text().strip()
+    if not (folder / "trainer.pt").exists():
+        raise TrainerError(f"{marker} names {folder.name}, which is incomplete or missing: remove {marker} "
+                           f"to start afresh, or point it at a complete step-N folder")
+    return folder
+
+
+def save_checkpoint(directory: str | pathlib.Path, model, tokenizer, optimizer, state: TrainState,
+                    keep: int = 2) -> pathlib.Path:
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state.step:06d}"
+    tmp = directory / f"{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    model.config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state(), "state": dataclasses.asdict(state)},
+               tmp / "trainer.pt")
+    final = directory / name
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    marker_tmp = directory / "latest.tmp"
+    marker_tmp.write_text(name + "\n")
+    os.replace(marker_tmp, directory / "latest")
+    for old in sorted(directory.glob("step-[0-9]*[0-9]"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(folder: pathlib.Path, model, optimizer) -> TrainState:
+    """Load weights, optimizer and RNG states saved in `folder` into the given objects."""
+    try:
+        missing, unexpected = load_model(model, str(folder / "model.safetensors"), strict=False)
+        blob = torch.load(folder / "trainer.pt", weights_only=False)
+    except (OSError, RuntimeError) as exc:
+        raise TrainerError(f"cannot resume from {folder}: {exc}; the model config may differ from the one "
+                           f"that wrote it (remove the checkpoint dir to start afresh)") from exc
+    if unexpected or any(not _tied(model, k) for k in missing):
+        raise TrainerError(f"checkpoint {folder} does not fit this model (missing {sorted(missing)[:4]}, "
+                           f"unexpected {sorted(unexpected)[:4]}): was it written by another model config?")
+    optimizer.load_state_dict(blob["optimizer"])
+    _set_rng_state(blob["rng"])
+    return TrainState(**blob["state"])
+
+
+def _tied(model, key: str) -> bool:
+    """A parameter that safetensors stored once under another name (tied embeddings)."""
+    tensor = model.state_dict()[key]
+    return any(other != key and t.data_ptr() == tensor.data_ptr() for other, t in model.state_dict().items())

@@ -1,0 +1,157 @@
+"""One policy's trainer configuration (YAML → pydantic), each field documented once.
+
+    run_id, policy      which run and which policy this trainer is
+    model               ModelSpec: hf folder, gguf file, or built from a config
+    task                TaskSpec: the verifiable task family (train split; eval split held out)
+    rollout             group size G, prompts per step, sampling
+    loss                GRPO / GSPO / Dr.GRPO / DAPO knobs (DESIGN.md §5)
+    eval, checkpoint, metrics, exchange
+
+`load_config(path)` reads a YAML file; relative paths in it are relative to that file.
+"""
+import math
+import pathlib
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mrl.assets import expand
+from mrl.experience import validate_name
+from mrl_trainer.errors import TrainerError
+from mrl_trainer.losses import Aggregation, ImportanceLevel
+from mrl_trainer.policy import ModelSpec
+from mrl_trainer.tasks import TaskSpec
+
+__all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
+           "ExchangeConfig", "load_config"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "sglang"] = Field("hf", description="hf: transformers generate (CPU/GPU); "
+                                                              "sglang: sglang.Engine (GPU, `pip install mrl-trainer[sglang]`).")
+    group_size: int = Field(8, ge=2, description="G: samples per prompt; advantages are relative within a group.")
+    prompts_per_step: int = Field(4, ge=1, description="Prompts per optimizer step (batch = prompts × G).")
+    max_new_tokens: int = Field(64, ge=1, le=32768)
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs use logits / temperature.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_batch: int = Field(64, ge=1, description="Most sequences generated at once (memory bound).")
+
+
+class LossConfig(_Section):
+    level: ImportanceLevel = Field("token", description="token: GRPO's per-token ratio; sequence: GSPO.")
+    aggregation: Aggregation = Field("token-mean", description="token-mean (DAPO), seq-mean-token-mean (GRPO), "
+                                                               "seq-mean-token-sum-norm (Dr.GRPO).")
+    scale_rewards: bool = Field(True, description="Divide advantages by the group's std (False: Dr.GRPO).")
+    eps_low: float = Field(0.2, gt=0, lt=1, description="Clip 1 - eps_low (GSPO: 3e-4).")
+    eps_high: float = Field(0.28, gt=0, description="Clip 1 + eps_high; > eps_low is DAPO's clip-higher "
+                                                    "(0.28 in DAPO; GSPO: 4e-4).")
+    beta: float = Field(0.0, ge=0, description="Weight of the k3 KL to the initial (reference) policy; "
+                                               "0 keeps no reference model.")
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    updates_per_step: int = Field(1, ge=1, description="μ: optimizer updates on each batch (1: on-policy, "
+                                                       "π_old = π_θ detached, no extra forward).")
+    micro_batch_tokens: int = Field(8192, ge=1, description="Memory budget: most (padded) tokens in one forward/"
+                                                            "backward; the batch is split, gradients accumulated.")
+
+    @field_validator("lr", "eps_low", "eps_high", "beta", "max_grad_norm")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be finite")
+        return v
+
+
+class EvalConfig(_Section):
+    every: int = Field(10, ge=0, description="Evaluate every this many steps (0: never), and at the start and end.")
+    problems: int = Field(64, ge=1, description="Held-out problems (the task's eval split), greedy decoding.")
+
+
+class CheckpointConfig(_Section):
+    dir: str = Field(".mrl/checkpoints/policy", description="Where step-N/ folders and `latest` are written.")
+    every: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
+    keep: int = Field(2, ge=1, description="How many checkpoints are kept.")
+    resume: bool = Field(True, description="Resume from the latest checkpoint in `dir` when there is one.")
+
+
+class MetricsConfig(_Section):
+    jsonl: str | None = Field(None, description="Per-step metrics file (default: <checkpoint.dir>/metrics.jsonl).")
+    prometheus_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0: any).")
+    tensorboard: str | None = Field(None, description="A TensorBoard log dir (needs the tensorboard package).")
+    progress: bool = Field(True, description="Show a progress bar.")
+
+
+class ExchangeConfig(_Section):
+    target: str = Field(description="host:port of the exchange (SEE).")
+    token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
+    tokenizer_id: str = Field(description="THL name of this policy's tokenizer (e.g. smollm2, gpt2).")
+
+
+class TrainerConfig(_Section):
+    run_id: str = Field("default", description="The run all co-trained policies share.")
+    policy: str = Field(description="This policy's id (names its streams and consumer group).")
+    seed: int = Field(0, description="Seeds weights built from a config, sampling and the data order.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
+    steps: int = Field(100, ge=1, description="Optimizer steps (rollout → reward → publish → update) to run.")
+    system_prompt: str | None = Field(None, description="A system message before each question.")
+    model: ModelSpec
+    task: TaskSpec
+    rollout: RolloutConfig = RolloutConfig()
+    loss: LossConfig = LossConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    exchange: ExchangeConfig | None = Field(None, description="Publish experience to this exchange (None: solo).")
+
+    @field_validator("run_id", "policy")
+    @classmethod
+    def _name(cls, v: str, info) -> str:
+        return validate_name(info.field_name, v)
+
+    @model_validator(mode="after")
+    def _engine_device(self):
+        if self.rollout.engine == "sglang" and self.device == "cpu":
+            raise ValueError("rollout.engine='sglang' needs a GPU: set device to auto/cuda or use engine 'hf'")
+        return self
+
+
+def _resolve(config: dict, base: pathlib.Path) -> dict:
+    """Paths in a config file are relative to the file."""
+    def rel(value):
+        value = expand(value)
+        return value if pathlib.Path(value).is_absolute() else str(base / value)
+    for section, keys in {"model": ("path", "tokenizer"), "task": ("path",), "checkpoint": ("dir",),
+                          "metrics": ("jsonl", "tensorboard")}.items():
+        for key in keys:
+            if isinstance(config.get(section), dict) and config[section].get(key):
+                config[section][key] = rel(config[section][key])
+    return config
+
+
+def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> TrainerConfig:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise TrainerError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise TrainerError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise TrainerError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
+    raw = _resolve(raw, path.parent)
+    for dotted, value in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return TrainerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise TrainerError(f"{path}: invalid trainer config:\n{exc}") from exc

@@ -1,0 +1,73 @@
+"""Per-step metrics: one JSON line per step, Prometheus gauges, and optionally TensorBoard.
+
+Every record carries `step` and `policy`; numeric fields become gauges `mrl_trainer_<name>`
+labelled by policy (served on `metrics.prometheus_port` when set) and TensorBoard scalars.
+A resumed run appends to the same JSONL file, so a curve spans restarts.
+"""
+import json
+import math
+import pathlib
+import re
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from mrl_trainer.errors import TrainerError
+
+__all__ = ["MetricsSink", "read_metrics"]
+
+
+class MetricsSink:
+    def __init__(self, policy: str, jsonl: str | pathlib.Path, prometheus_port: int | None = None,
+                 tensorboard: str | None = None):
+        self.policy = policy
+        self.path = pathlib.Path(jsonl)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self.registry = CollectorRegistry()
+        self._gauges: dict[str, Gauge] = {}
+        self.port = None
+        self._server = None
+        if prometheus_port is not None:
+            self._server, _ = start_http_server(prometheus_port, addr="127.0.0.1", registry=self.registry)
+            self.port = self._server.server_port
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise TrainerError("metrics.tensorboard needs the tensorboard package: pip install tensorboard") from exc
+            self._tb = SummaryWriter(tensorboard)
+
+    def log(self, step: int, **values) -> None:
+        # JSON has no NaN: a non-finite value is written as null
+        clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
+        self._file.write(json.dumps({"step": step, "policy": self.policy, **clean}) + "\n")
+        self._file.flush()
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self._gauge(name).labels(policy=self.policy).set(value)
+                if self._tb:
+                    self._tb.add_scalar(name, value, step)
+
+    def _gauge(self, name: str) -> Gauge:
+        if name not in self._gauges:
+            metric = "mrl_trainer_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
+            self._gauges[name] = Gauge(metric, f"trainer metric {name}", ["policy"], registry=self.registry)
+        return self._gauges[name]
+
+    def close(self) -> None:
+        self._file.close()
+        if self._server:
+            self._server.shutdown()
+        if self._tb:
+            self._tb.close()
+
+
+def read_metrics(path: str | pathlib.Path) -> list[dict]:
+    """The records of a metrics file; a step logged twice (a resumed run) keeps its last record."""
+    records: dict[tuple, dict] = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            records[(r["step"], r.get("kind", "train"))] = r
+    return sorted(records.values(), key=lambda r: r["step"])

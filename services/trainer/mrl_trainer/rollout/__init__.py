@@ -1,0 +1,14 @@
+"""Rollout engines behind one interface (`RolloutEngine`): hf (transformers generate) and sglang."""
+from mrl_trainer.rollout.base import RolloutEngine, Sample, SamplingParams
+
+__all__ = ["RolloutEngine", "Sample", "SamplingParams", "make_engine"]
+
+
+def make_engine(name: str, model, tokenizer, max_batch: int) -> RolloutEngine:
+    if name == "hf":
+        from mrl_trainer.rollout.hf import HFEngine
+        return HFEngine(model, tokenizer, max_batch=max_batch)
+    if name == "sglang":
+        from mrl_trainer.rollout.sglang import SGLangEngine
+        return SGLangEngine(model, tokenizer, max_batch=max_batch)
+    raise ValueError(f"unknown rollout engine {name!r}; valid: 'hf', 'sglang'")

@@ -1,0 +1,249 @@
+"""The training loop of one policy: rollout → reward → publish → update → checkpoint.
+
+    step t:  problems   = task.batch(t, P)                       same prompts for every policy at step t
+             y_1..y_G   ~ π_old(· | x)                           engine.generate, behaviour log-probs kept
+             R_i        = verifier(x, y_i) ∈ [0, 1]
+             publish    rollouts, group_stats, successes, policy_stats (when an exchange is configured)
+             A_i        = (R_i − mean R) / (std R + ε)           (Dr.GRPO: no std)
+             θ ← θ − lr ∇ L(θ)                                   L = policy_loss (GRPO / GSPO, DAPO clip-higher,
+                                                                 k3 KL to the initial policy when beta > 0)
+             checkpoint every `checkpoint.every` steps
+
+The batch is split into micro-batches of at most `loss.micro_batch_tokens` padded tokens; each
+micro-batch loss is normalised by the whole batch's totals, so the accumulated gradient equals the
+full-batch gradient. With μ = updates_per_step = 1, π_old is π_θ detached (no extra forward).
+"""
+import copy
+import random
+import time
+
+import numpy as np
+import torch
+
+from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from mrl_trainer.config import TrainerConfig
+from mrl_trainer.errors import TrainerError
+from mrl_trainer.experience import StepBatch, capability, step_experiences
+from mrl_trainer.losses import group_advantages, policy_loss
+from mrl_trainer.metrics import MetricsSink
+from mrl_trainer.policy import load_policy, prompt_ids
+from mrl_trainer.rollout import SamplingParams, make_engine
+from mrl_trainer.tasks import Problem, make_task
+
+__all__ = ["Trainer", "completion_logprobs", "micro_batches"]
+
+CAPABILITY_WINDOW = 5   # K in HACPO: steps in the capability window P̂
+
+
+def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                        temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(y_t | x, y_<t) of each completion token, (n, L) right-padded, and its mask (n, L).
+
+    Prompts are left-padded and completions right-padded, so every completion starts at the same
+    column and only the last L+1 positions' logits are computed; position ids follow the attention
+    mask, as in generation, so log-probs match the engine's.
+    """
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    length = max(len(c) for c in completions)
+    rows, attn = [], []
+    for p, c in zip(prompts, completions):
+        rows.append([pad_id] * (width - len(p)) + p + c + [pad_id] * (length - len(c)))
+        attn.append([0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c)))
+    input_ids = torch.tensor(rows, device=device)                               # (n, W + L)
+    attention_mask = torch.tensor(attn, device=device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=length + 1).logits[:, :-1]                    # (n, L, V)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    targets = input_ids[:, width:]                                              # (n, L)
+    token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    mask = attention_mask[:, width:].to(token_logp.dtype)
+    return token_logp, mask
+
+
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive index groups whose padded size (count × longest) stays within `budget` tokens."""
+    groups, current, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, n) > budget:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    return groups + ([current] if current else [])
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig, exchange=None):
+        """`exchange`: an mrl.exchange_client.ExchangeClient to publish to (None: solo)."""
+        self.cfg = config
+        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                                   else "cpu" if config.device == "auto" else config.device)
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        self.model, self.tokenizer = load_policy(config.model, self.device, seed=config.seed)
+        self.reference = (copy.deepcopy(self.model).eval().requires_grad_(False) if config.loss.beta > 0 else None)
+        self.engine = make_engine(config.rollout.engine, self.model, self.tokenizer, config.rollout.max_batch)
+        self.task = make_task(config.task)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.loss.lr,
+                                           weight_decay=config.loss.weight_decay)
+        self.state = TrainState()
+        found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
+        if found:
+            self.state = load_checkpoint(found, self.model, self.optimizer)
+            self.engine.sync_weights(self.model)
+        self.exchange = exchange
+        self.metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
+                                   config.metrics.prometheus_port, config.metrics.tensorboard)
+        self.resumed_from = found
+
+    # --- one step -------------------------------------------------------------------------------
+    def _prompt(self, problem: Problem) -> list[int]:
+        return prompt_ids(self.tokenizer, problem.question, self.cfg.system_prompt)
+
+    def _verify(self, problem: Problem, text: str) -> tuple[float, str | None]:
+        try:
+            reward = float(self.task.reward(problem, text))
+            answer = self.task.extract(problem, text)
+        except Exception as exc:   # a verifier that raises is a broken task, not a wrong answer
+            raise TrainerError(f"the verifier of task {self.task.name!r} raised on prompt {problem.prompt_id}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        if not (0.0 <= reward <= 1.0):
+            raise TrainerError(f"the verifier of task {self.task.name!r} returned {reward} for prompt "
+                               f"{problem.prompt_id}; rewards must lie in [0, 1]")
+        return reward, answer
+
+    def rollout(self, step: int) -> StepBatch:
+        r = self.cfg.rollout
+        problems = self.task.batch(step, r.prompts_per_step)
+        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                seed=self.cfg.seed * 1_000_003 + step)
+        samples = self.engine.generate([self._prompt(p) for p in problems], r.group_size, params)
+        verified = [[self._verify(p, s.text) for s in group] for p, group in zip(problems, samples)]
+        return StepBatch(step=step, problems=problems, samples=samples,
+                         rewards=[[v[0] for v in group] for group in verified],
+                         answers=[[v[1] for v in group] for group in verified])
+
+    def update(self, batch: StepBatch) -> dict[str, float]:
+        """μ optimizer updates on the batch; returns the loss statistics."""
+        loss_cfg, pad = self.cfg.loss, self.tokenizer.pad_token_id
+        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float32),
+                                      scale=loss_cfg.scale_rewards).flatten()           # (N,)
+        flat = [s for group in batch.samples for s in group]
+        prompts, completions = [s.prompt_ids for s in flat], [s.ids for s in flat]
+        if not any(completions) or (loss_cfg.beta == 0 and not advantages.any()):
+            return {"skipped": 1.0}          # no token to learn from, or every advantage is 0
+        groups = micro_batches([len(p) + len(c) for p, c in zip(prompts, completions)], loss_cfg.micro_batch_tokens)
+        totals = dict(num_sequences=len(flat), num_tokens=sum(len(c) for c in completions))
+        temperature = self.cfg.rollout.temperature
+        old = None
+        if loss_cfg.updates_per_step > 1:
+            with torch.no_grad():
+                old = [completion_logprobs(self.model, [prompts[i] for i in g], [completions[i] for i in g], pad,
+                                           temperature)[0] for g in groups]
+        sums: dict[str, float] = {}
+        for _ in range(loss_cfg.updates_per_step):
+            loss_total = 0.0
+            for k, g in enumerate(groups):
+                mb_prompts, mb_completions = [prompts[i] for i in g], [completions[i] for i in g]
+                logp, mask = completion_logprobs(self.model, mb_prompts, mb_completions, pad, temperature)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = completion_logprobs(self.reference, mb_prompts, mb_completions, pad, temperature)[0]
+                loss, stats = policy_loss(
+                    logp, logp.detach() if old is None else old[k], advantages[g].to(logp.device), mask,
+                    ref_logp=ref, beta=loss_cfg.beta, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                    level=loss_cfg.level, aggregation=loss_cfg.aggregation,
+                    max_tokens=self.cfg.rollout.max_new_tokens, **totals)
+                if not torch.isfinite(loss):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise TrainerError(f"non-finite loss ({loss.item()}) at step {batch.step}: no update was "
+                                       f"applied; lower loss.lr or check the rewards and the model's dtype")
+                loss.backward()
+                loss_total += loss.item()
+                for name, value in stats.items():
+                    sums[name] = sums.get(name, 0.0) + value * len(g) / len(flat)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainerError(f"non-finite gradient norm at step {batch.step}: no update was applied")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.engine.sync_weights(self.model)
+        return {"loss": loss_total, "grad_norm": float(grad_norm), **sums}
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out (eval split) problems."""
+        problems = self.task.batch(0, self.cfg.eval.problems, split="eval")
+        params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0)
+        samples = self.engine.generate([self._prompt(p) for p in problems], 1, params)
+        return sum(self._verify(p, s[0].text)[0] >= 1.0 for p, s in zip(problems, samples)) / len(problems)
+
+    def step(self) -> dict:
+        t = self.state.step
+        start = time.perf_counter()
+        batch = self.rollout(t)
+        rollout_s = time.perf_counter() - start
+        flat_rewards = [r for group in batch.rewards for r in group]
+        n_samples = len(flat_rewards)
+        tokens = sum(len(s.ids) for group in batch.samples for s in group)
+        self.state.rollouts_total += n_samples
+        self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[-CAPABILITY_WINDOW:]
+        if self.exchange is not None:
+            self.exchange.publish(step_experiences(
+                batch, run_id=self.cfg.run_id, policy=self.cfg.policy, version=t,
+                tokenizer_id=self.cfg.exchange.tokenizer_id, batch_rewards=self.state.batch_rewards,
+                window=CAPABILITY_WINDOW, rollouts_per_s=n_samples / rollout_s, tokens_per_s=tokens / rollout_s,
+                rollouts_total=self.state.rollouts_total))
+        start = time.perf_counter()
+        stats = self.update(batch)
+        update_s = time.perf_counter() - start
+        self.state.step = t + 1
+        record = {"reward_mean": self.state.batch_rewards[-1],
+                  "accuracy": sum(r >= 1.0 for r in flat_rewards) / n_samples,
+                  "capability": capability(self.state.batch_rewards, CAPABILITY_WINDOW),
+                  "rollouts_total": self.state.rollouts_total, "tokens": tokens,
+                  "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
+                  "rollout_s": rollout_s, "update_s": update_s, "tokens_per_s": tokens / rollout_s, **stats}
+        self.metrics.log(t, **record)
+        return record
+
+    # --- the run --------------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        save_checkpoint(self.cfg.checkpoint.dir, self.model, self.tokenizer, self.optimizer, self.state,
+                        keep=self.cfg.checkpoint.keep)
+
+    def log_eval(self) -> float:
+        accuracy = self.evaluate()
+        self.metrics.log(self.state.step, kind="eval", eval_accuracy=accuracy,
+                         rollouts_total=self.state.rollouts_total)
+        return accuracy
+
+    def run(self, should_stop=lambda: False) -> TrainState:
+        """Train until `steps` (or until should_stop() turns true), checkpointing on the way and at the end."""
+        from tqdm import tqdm
+        cfg = self.cfg
+        every = cfg.eval.every
+        bar = tqdm(total=cfg.steps, initial=self.state.step, desc=cfg.policy, disable=not cfg.metrics.progress)
+        try:
+            if every and self.state.step == 0:
+                bar.set_postfix(eval_acc=f"{self.log_eval():.3f}")
+            while self.state.step < cfg.steps and not should_stop():
+                record = self.step()
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record.get('loss', 0.0):.4f}")
+                done = self.state.step >= cfg.steps
+                if every and (self.state.step % every == 0 or done):
+                    bar.set_postfix(eval_acc=f"{self.log_eval():.3f}")
+                if self.state.step % cfg.checkpoint.every == 0 or done:
+                    self.checkpoint()
+            if self.state.step < cfg.steps:      # stopped early: keep what was done
+                self.checkpoint()
+        finally:
+            bar.close()
+        return self.state
+
+    def close(self) -> None:
+        self.metrics.close()
