@@ -2,10 +2,14 @@
 
     mrl exchange serve            run the Shared Experience Exchange (gRPC + REST admin)
     mrl align serve               run the tokenizer alignment service, THL (gRPC + REST twin)
+    mrl scheduler serve           run the GPU lease scheduler, MWRA (gRPC + REST admin)
+    mrl trainer run CONFIG        train one policy (rollout → reward → publish → update → checkpoint)
+    mrl trainer plot METRICS...   accuracy curves (PNG) from trainers' metrics.jsonl files
     mrl up CONFIG                 run a topology locally as processes (Ctrl-C tears it down)
     mrl demo                      the exchange end to end: two producers, two subscribers, a summary
     mrl bench exchange            publish → deliver → ack throughput and latency vs raw redis-py
     mrl bench align               alignment throughput vs raw encoding on both sides
+    mrl bench scheduler           simulated workers through the lease scheduler vs a naive FIFO
     mrl token new --name N ...    a new bearer token and the auth-file entry holding its hash
 
 Services are separate packages (mrl-exchange, ...): a command whose package is not
@@ -31,7 +35,8 @@ def _load(module: str, package: str):
         raise
 
 
-_BENCHES = {"exchange": ("mrl_exchange.bench", "exchange"), "align": ("mrl_tokenizer_align.bench", "tokenizer_align")}
+_BENCHES = {"exchange": ("mrl_exchange.bench", "exchange"), "align": ("mrl_tokenizer_align.bench", "tokenizer_align"),
+            "scheduler": ("mrl_scheduler.bench", "scheduler")}
 
 
 def _token_new(args) -> None:
@@ -54,6 +59,21 @@ def main(argv: list[str] | None = None) -> None:
     align = sub.add_parser("align", help="the Tokenizer Heterogeneity Layer (THL)")
     align_sub = align.add_subparsers(dest="action", required=True)
     align_sub.add_parser("serve", help="serve gRPC TokenizerAlign and its REST twin")
+
+    scheduler = sub.add_parser("scheduler", help="the GPU lease scheduler (MWRA)")
+    scheduler_sub = scheduler.add_subparsers(dest="action", required=True)
+    scheduler_sub.add_parser("serve", help="serve gRPC Scheduler and the REST admin (settings: MRL_* env or "
+                                           "MRL_CONFIG)")
+
+    trainer = sub.add_parser("trainer", help="one policy's GRPO-family trainer")
+    trainer_sub = trainer.add_subparsers(dest="action", required=True)
+    trainer_run = trainer_sub.add_parser("run", help="train one policy from its YAML config")
+    trainer_run.add_argument("config", help="YAML trainer config, e.g. examples/smollm2-arithmetic.yaml")
+    trainer_run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                             help="override a config field (dotted key, YAML value), e.g. --set steps=20")
+    trainer_plot = trainer_sub.add_parser("plot", help="plot accuracy curves from metrics.jsonl files")
+    trainer_plot.add_argument("metrics", nargs="+", help="metrics.jsonl files (one curve per policy)")
+    trainer_plot.add_argument("--out", required=True, help="the PNG to write")
 
     up = sub.add_parser("up", help="run a topology locally as processes")
     up.add_argument("config", help="YAML topology, e.g. examples/local.yaml")
@@ -79,6 +99,12 @@ def main(argv: list[str] | None = None) -> None:
         _load("mrl_exchange.app", "exchange").serve()
     elif args.command == "align":
         _load("mrl_tokenizer_align.app", "tokenizer_align").serve()
+    elif args.command == "scheduler":
+        _load("mrl_scheduler.app", "scheduler").serve()
+    elif args.command == "trainer" and args.action == "run":
+        _load("mrl_trainer.app", "trainer").main(args.config, args.overrides)
+    elif args.command == "trainer":
+        _load("mrl_trainer.plot", "trainer").main(args.metrics, args.out)
     elif args.command == "up":
         from mrl.topology import up
         up(args.config)

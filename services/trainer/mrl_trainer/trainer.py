@@ -24,42 +24,16 @@ from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoin
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch, capability, step_experiences
+from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.losses import group_advantages, policy_loss
 from mrl_trainer.metrics import MetricsSink
 from mrl_trainer.policy import load_policy, prompt_ids
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.tasks import Problem, make_task
 
-__all__ = ["Trainer", "completion_logprobs", "micro_batches"]
+__all__ = ["Trainer", "micro_batches"]
 
 CAPABILITY_WINDOW = 5   # K in HACPO: steps in the capability window P̂
-
-
-def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-                        temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(y_t | x, y_<t) of each completion token, (n, L) right-padded, and its mask (n, L).
-
-    Prompts are left-padded and completions right-padded, so every completion starts at the same
-    column and only the last L+1 positions' logits are computed; position ids follow the attention
-    mask, as in generation, so log-probs match the engine's.
-    """
-    device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    length = max(len(c) for c in completions)
-    rows, attn = [], []
-    for p, c in zip(prompts, completions):
-        rows.append([pad_id] * (width - len(p)) + p + c + [pad_id] * (length - len(c)))
-        attn.append([0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c)))
-    input_ids = torch.tensor(rows, device=device)                               # (n, W + L)
-    attention_mask = torch.tensor(attn, device=device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   logits_to_keep=length + 1).logits[:, :-1]                    # (n, L, V)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    targets = input_ids[:, width:]                                              # (n, L)
-    token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    mask = attention_mask[:, width:].to(token_logp.dtype)
-    return token_logp, mask
 
 
 def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
@@ -131,11 +105,15 @@ class Trainer:
         advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float32),
                                       scale=loss_cfg.scale_rewards).flatten()           # (N,)
         flat = [s for group in batch.samples for s in group]
-        prompts, completions = [s.prompt_ids for s in flat], [s.ids for s in flat]
-        if not any(completions) or (loss_cfg.beta == 0 and not advantages.any()):
-            return {"skipped": 1.0}          # no token to learn from, or every advantage is 0
+        totals = dict(num_sequences=len(flat), num_tokens=sum(len(s.ids) for s in flat))
+        # With beta = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the
+        # batch totals above stay whole), so only the others are forwarded: same update, less compute.
+        active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or advantages[i] != 0)]
+        if not active:
+            return {"skipped": 1.0}
+        advantages = advantages[active]
+        prompts, completions = [flat[i].prompt_ids for i in active], [flat[i].ids for i in active]
         groups = micro_batches([len(p) + len(c) for p, c in zip(prompts, completions)], loss_cfg.micro_batch_tokens)
-        totals = dict(num_sequences=len(flat), num_tokens=sum(len(c) for c in completions))
         temperature = self.cfg.rollout.temperature
         old = None
         if loss_cfg.updates_per_step > 1:
@@ -164,7 +142,7 @@ class Trainer:
                 loss.backward()
                 loss_total += loss.item()
                 for name, value in stats.items():
-                    sums[name] = sums.get(name, 0.0) + value * len(g) / len(flat)
+                    sums[name] = sums.get(name, 0.0) + value * len(g) / len(active)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -172,7 +150,7 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.engine.sync_weights(self.model)
-        return {"loss": loss_total, "grad_norm": float(grad_norm), **sums}
+        return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(active) / len(flat), **sums}
 
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out (eval split) problems."""

@@ -1,0 +1,247 @@
+"""The trainer end to end on CPU with a tiny GPT-2-architecture policy over the real GPT-2 tokenizer:
+rollouts and their log-probs, micro-batching, metrics, checkpoint and resume (also after SIGKILL),
+publishing to a real exchange, and clean stops on bad config, a raising verifier or a NaN loss."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from mrl.assets import tokenizer_cache_dir
+from mrl.exchange_client import ExchangeClient
+from mrl.experience import kind_name
+from mrl_trainer.checkpoint import latest_checkpoint
+from mrl_trainer.config import TrainerConfig, load_config
+from mrl_trainer.errors import TrainerError
+from mrl_trainer.logprobs import completion_logprobs
+from mrl_trainer.metrics import read_metrics
+from mrl_trainer.policy import ModelSpec, load_policy, prompt_ids
+from mrl_trainer.rollout import SamplingParams
+from mrl_trainer.rollout.hf import HFEngine
+from mrl_trainer.trainer import Trainer, micro_batches
+
+GPT2 = str(tokenizer_cache_dir() / "gpt2.tiktoken")
+TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256}
+
+
+def tiny_config(tmp_path: pathlib.Path, **overrides) -> dict:
+    config = {
+        "policy": "tiny", "run_id": "test", "seed": 3, "steps": 2,
+        "model": {"source": "config", "tokenizer": GPT2, "architecture": TINY},
+        "task": {"family": "arithmetic", "level": 1, "seed": 0},
+        "rollout": {"group_size": 3, "prompts_per_step": 2, "max_new_tokens": 6, "temperature": 1.0},
+        "loss": {"lr": 1e-3, "micro_batch_tokens": 64},
+        "eval": {"every": 0, "problems": 4},
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "every": 1},
+        "metrics": {"progress": False},
+    }
+    for key, value in overrides.items():
+        section, _, leaf = key.rpartition(".")
+        (config.setdefault(section, {}) if section else config)[leaf] = value
+    return config
+
+
+def write_config(tmp_path, **overrides) -> pathlib.Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, **overrides)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    return load_policy(ModelSpec(source="config", tokenizer=GPT2, architecture=TINY), seed=1)
+
+
+def test_engine_logprobs_are_the_training_forwards(tiny_policy):
+    model, tokenizer = tiny_policy
+    engine = HFEngine(model, tokenizer, max_batch=4)
+    prompts = [prompt_ids(tokenizer, "What is 2 + 3?"), prompt_ids(tokenizer, "Add 17 and 25, please.")]
+    groups = engine.generate(prompts, 3, SamplingParams(max_new_tokens=8, temperature=0.7, seed=5))
+    flat = [s for g in groups for s in g]
+    assert [len(g) for g in groups] == [3, 3] and all(s.prompt_ids == prompts[i // 3] for i, s in enumerate(flat))
+    with torch.no_grad():
+        logp, mask = completion_logprobs(model, [s.prompt_ids for s in flat], [s.ids for s in flat],
+                                         tokenizer.pad_token_id, temperature=0.7)
+    for row, sample in enumerate(flat):
+        n = len(sample.ids)
+        assert mask[row].sum() == n
+        assert torch.allclose(logp[row, :n], torch.tensor(sample.logprobs), atol=1e-4)
+
+
+def test_sampling_is_seeded(tiny_policy):
+    model, tokenizer = tiny_policy
+    engine = HFEngine(model, tokenizer)
+    prompt = [prompt_ids(tokenizer, "What is 4 + 4?")]
+    first, again = (engine.generate(prompt, 2, SamplingParams(max_new_tokens=6, seed=9)) for _ in range(2))
+    assert [s.ids for s in first[0]] == [s.ids for s in again[0]]
+
+
+@pytest.mark.parametrize("lengths, budget, expected", [
+    ([10, 10, 10], 30, [[0, 1, 2]]),
+    ([10, 10, 10], 25, [[0, 1], [2]]),
+    ([5, 20, 5], 30, [[0], [1], [2]]),     # a long sequence pads the whole group to its length
+    ([50], 10, [[0]]),                     # one sequence over the budget still runs, alone
+])
+def test_micro_batches_stay_within_the_token_budget(lengths, budget, expected):
+    assert micro_batches(lengths, budget) == expected
+
+
+def test_micro_batched_update_equals_the_full_batch_update(tmp_path):
+    """The same step with a budget of one sequence per micro-batch and with one micro-batch."""
+    params = []
+    for budget in (16, 100_000):
+        trainer = Trainer(TrainerConfig.model_validate(tiny_config(tmp_path / str(budget), **{
+            "loss.micro_batch_tokens": budget, "loss.aggregation": "seq-mean-token-mean"})))
+        batch = trainer.rollout(0)
+        batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]    # every sample has a non-zero advantage
+        trainer.update(batch)
+        params.append(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))
+        trainer.close()
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+
+
+def test_run_checkpoints_and_resumes_at_the_same_step(tmp_path):
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, steps=2))
+    trainer = Trainer(config)
+    trainer.run()
+    saved = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.close()
+    assert latest_checkpoint(config.checkpoint.dir).name == "step-000002"
+    records = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1] and all(r["rollouts_total"] for r in records)
+
+    resumed = Trainer(config.model_copy(update={"steps": 3}))
+    assert resumed.state.step == 2 and resumed.state.rollouts_total == 12
+    for key, value in resumed.model.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+    assert resumed.optimizer.state_dict()["state"], "optimizer moments were not restored"
+    resumed.run()
+    assert resumed.state.step == 3
+    resumed.close()
+
+
+def _mrl(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "mrl.cli", *args], capture_output=True, text=True, timeout=120,
+                          **kwargs)
+
+
+def test_a_killed_trainer_resumes_where_its_checkpoint_left_it(tmp_path):
+    path = write_config(tmp_path, steps=40)
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "trainer", "run", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while latest_checkpoint(tmp_path / "ckpt") is None or latest_checkpoint(tmp_path / "ckpt").name < "step-000002":
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    at = int(latest_checkpoint(tmp_path / "ckpt").name.split("-")[1])
+    done = _mrl("trainer", "run", str(path), "--set", f"steps={at + 1}")
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from" in done.stderr and f"at step {at}" in done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == at + 1
+
+
+def test_sigterm_finishes_the_step_and_checkpoints(tmp_path):
+    path = write_config(tmp_path, steps=10_000, **{"checkpoint.every": 10_000})
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "trainer", "run", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "ckpt" / "metrics.jsonl"
+    deadline = time.monotonic() + 90
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["stopped_early"] and latest_checkpoint(tmp_path / "ckpt").name == f"step-{summary['step']:06d}"
+
+
+def test_publishes_its_experience_to_the_exchange(tmp_path, exchange, run_id):
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, run_id=run_id, steps=1, exchange={
+        "target": exchange.target, "tokenizer_id": "gpt2"}))
+    with ExchangeClient(config.exchange.target) as client:
+        trainer = Trainer(config, exchange=client)
+        trainer.run()
+        trainer.close()
+        counts = {kind_name(t.topic.kind): t.length for t in client.topic_stats(run_id)}
+    # successes depend on what the untrained policy sampled; the rest is fixed by the batch shape
+    assert {k: counts.get(k) for k in ("rollout", "group_stats", "policy_stats")} == \
+        {"rollout": 6, "group_stats": 2, "policy_stats": 1}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.source": "hf", "model.path": "/nonexistent/model"}, "does not exist"),
+    ({"model.architecture": {"n_layer": 2}}, "model_type"),
+    ({"rollout.group_size": 1}, "group_size"),
+    ({"loss.aggregation": "mean"}, "aggregation"),
+    ({"task.family": "chess"}, "chess"),
+    ({"policy": "bad name!"}, "policy"),
+])
+def test_bad_config_is_a_clear_error_with_exit_code_2(tmp_path, overrides, message):
+    done = _mrl("trainer", "run", str(write_config(tmp_path, **overrides)))
+    assert done.returncode == 2, done.stderr
+    assert "mrl trainer: error:" in done.stderr and message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_empty_dataset_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = _mrl("trainer", "run", str(write_config(tmp_path, task={"family": "jsonl", "path": str(empty)})))
+    assert done.returncode == 2 and "empty" in done.stderr.lower() and "Traceback" not in done.stderr
+
+
+def test_a_raising_verifier_stops_cleanly_with_the_checkpoint_intact(tmp_path):
+    trainer = Trainer(TrainerConfig.model_validate(tiny_config(tmp_path, steps=3)))
+    trainer.run(should_stop=lambda: trainer.state.step >= 1)
+    before = latest_checkpoint(tmp_path / "ckpt")
+
+    def broken(problem, response):
+        raise ZeroDivisionError("verifier bug")
+    trainer.task.reward = broken
+    trainer.cfg = trainer.cfg.model_copy(update={"steps": 3})
+    with pytest.raises(TrainerError, match="verifier .* raised .*ZeroDivisionError"):
+        trainer.run()
+    assert latest_checkpoint(tmp_path / "ckpt") == before
+    trainer.close()
+
+
+def test_a_nan_loss_applies_no_update_and_writes_no_checkpoint(tmp_path):
+    trainer = Trainer(TrainerConfig.model_validate(tiny_config(tmp_path, steps=1)))
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("nan"))
+    batch = trainer.rollout(0)
+    batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    with pytest.raises(TrainerError, match="non-finite loss"):
+        trainer.update(batch)
+    assert latest_checkpoint(tmp_path / "ckpt") is None
+    trainer.close()
+
+
+def test_load_config_resolves_paths_relative_to_the_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "p.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, **{"checkpoint.dir": "ck"})))
+    assert load_config(path).checkpoint.dir == str(tmp_path / "sub" / "ck")
+    assert load_config(path, {"steps": 7}).steps == 7
+
+
+@pytest.mark.slow
+def test_smollm2_loads_from_its_gguf_and_answers_in_its_chat_template():
+    gguf = next((tokenizer_cache_dir() / "smollm2").glob("*.gguf"))
+    model, tokenizer = load_policy(ModelSpec(source="gguf", path=str(gguf)))
+    assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.chat_template
+    ids = prompt_ids(tokenizer, "What is 2 + 2?")
+    assert tokenizer.decode(ids).rstrip().endswith("<|im_start|>assistant")
+    [[sample]] = HFEngine(model, tokenizer).generate([ids], 1, SamplingParams(max_new_tokens=12, temperature=0))
+    assert "4" in sample.text
