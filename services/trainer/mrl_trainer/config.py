@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mrl.assets import expand
+from mrl.errors import InvalidArgument
 from mrl.experience import validate_name
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.losses import Aggregation, ImportanceLevel
@@ -112,7 +113,10 @@ class TrainerConfig(_Section):
     @field_validator("run_id", "policy")
     @classmethod
     def _name(cls, v: str, info) -> str:
-        return validate_name(info.field_name, v)
+        try:
+            return validate_name(info.field_name, v)
+        except InvalidArgument as exc:
+            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _engine_device(self):

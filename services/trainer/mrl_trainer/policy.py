@@ -166,6 +166,11 @@ def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int =
     if not tokenizer.chat_template:
         tokenizer.chat_template = spec.chat_template or PLAIN_CHAT_TEMPLATE
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    # Dropout off (as TRL's disable_dropout): the PPO ratio must compare the same function of θ
+    # in rollout and update, and a random mask would make π_θ/π_old noisy even at θ = θ_old.
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

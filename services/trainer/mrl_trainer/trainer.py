@@ -93,7 +93,10 @@ class Trainer:
         problems = self.task.batch(step, r.prompts_per_step)
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 seed=self.cfg.seed * 1_000_003 + step)
-        samples = self.engine.generate([self._prompt(p) for p in problems], r.group_size, params)
+        try:
+            samples = self.engine.generate([self._prompt(p) for p in problems], r.group_size, params)
+        except RuntimeError as exc:   # e.g. sampling from NaN logits, or out of memory
+            raise TrainerError(f"rollout failed at step {step}: {exc}") from exc
         verified = [[self._verify(p, s.text) for s in group] for p, group in zip(problems, samples)]
         return StepBatch(step=step, problems=problems, samples=samples,
                          rewards=[[v[0] for v in group] for group in verified],

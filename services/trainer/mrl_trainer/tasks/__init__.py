@@ -1,0 +1,43 @@
+"""Verifiable tasks: procedural families and JSONL datasets, each with an exact verifier.
+
+    TaskError (mrl_trainer.errors.TrainerError)   a bad spec or data file, or a broken verifier
+
+Families (TASK_FAMILIES, keyed by the Literal `Family`):
+    arithmetic   "What is a + b?", level = digits per operand           answer: an integer
+    countdown    reach a target with L + 2 given numbers and + - * /    answer: an expression
+    linear       "Solve for x: a·x + b = c", level = digits of x        answer: an integer
+    jsonl        a GSM8K / MATH-style file, checked with math-verify    answer: any math-verify form
+
+make_task(spec) validates a TaskSpec (or a dict of one) and builds its task; every problem is a
+pure function of (name, seed, split, index) with prompt_id f"{name}:{split}:{seed}:{index}", so
+policies that share the spec see the same prompts at the same step (base.py has the rules).
+"""
+from pydantic import ValidationError
+
+from mrl_trainer.tasks.arithmetic import ArithmeticTask
+from mrl_trainer.tasks.base import Family, Problem, Split, Task, TaskError, TaskSpec
+from mrl_trainer.tasks.countdown import CountdownTask
+from mrl_trainer.tasks.jsonl import JsonlTask
+from mrl_trainer.tasks.linear import LinearTask
+
+__all__ = ["Family", "Split", "Problem", "Task", "TaskError", "TaskSpec", "TASK_FAMILIES", "make_task"]
+
+TASK_FAMILIES: dict[Family, type[Task]] = {
+    "arithmetic": ArithmeticTask,
+    "countdown": CountdownTask,
+    "linear": LinearTask,
+    "jsonl": JsonlTask,
+}
+
+
+def make_task(spec: TaskSpec | dict) -> Task:
+    """The task a spec describes; TaskError (naming the valid choices) for a bad spec or data file."""
+    try:
+        spec = TaskSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise TaskError(f"invalid task spec: {exc}") from exc
+    family = TASK_FAMILIES[spec.family]
+    if spec.level > family.max_level:
+        raise TaskError(f"level {spec.level} is out of range for family {spec.family!r}: "
+                        f"valid levels are 1..{family.max_level}")
+    return family(spec)
