@@ -253,3 +253,50 @@ def test_smollm2_loads_from_its_gguf_and_answers_in_its_chat_template():
     assert tokenizer.decode(ids).rstrip().endswith("<|im_start|>assistant")
     [[sample]] = HFEngine(model, tokenizer).generate([ids], 1, SamplingParams(max_new_tokens=12, temperature=0))
     assert "4" in sample.text
+
+
+@pytest.mark.parametrize("path", sorted((pathlib.Path(__file__).parents[1] / "examples").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_example_trainer_configs_are_valid(path):
+    if "policy" not in yaml.safe_load(path.read_text()):
+        pytest.skip("not a trainer config")   # topology and auth files live there too
+    config = load_config(path)
+    assert config.model.source in ("gguf", "config")
+
+
+def test_metrics_are_served_to_prometheus_and_written_as_jsonl(tmp_path):
+    import urllib.request
+    from mrl_trainer.metrics import MetricsSink
+    sink = MetricsSink("p1", tmp_path / "m.jsonl", prometheus_port=0)
+    try:
+        sink.log(0, reward_mean=0.25, loss=float("nan"))
+        sink.log(1, kind="eval", eval_accuracy=0.5)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=5).read().decode()
+    finally:
+        sink.close()
+    assert 'mrl_trainer_reward_mean{policy="p1"} 0.25' in body and "mrl_trainer_eval_accuracy" in body
+    first, second = read_metrics(tmp_path / "m.jsonl")
+    assert first["loss"] is None and second["kind"] == "eval"
+
+
+def test_gradient_checkpointing_trains_the_same_step(tmp_path):
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, **{"model.gradient_checkpointing": True}))
+    trainer = Trainer(config)
+    batch = trainer.rollout(0)
+    batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    assert trainer.update(batch)["active"] == 1.0
+    trainer.close()
+
+
+def test_an_unreachable_exchange_does_not_stop_training(tmp_path):
+    import socket
+    with socket.socket() as s:          # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        target = f"127.0.0.1:{s.getsockname()[1]}"
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, steps=1, exchange={"target": target,
+                                                                                    "tokenizer_id": "gpt2"}))
+    with ExchangeClient(target) as client:
+        trainer = Trainer(config, exchange=client)
+        record = trainer.step()
+        trainer.close()
+    assert record["published"] == 0 and trainer.state.step == 1

@@ -10,6 +10,7 @@
 `load_config(path)` reads a YAML file; relative paths in it are relative to that file.
 """
 import math
+import os
 import pathlib
 from typing import Literal
 
@@ -129,7 +130,7 @@ def _resolve(config: dict, base: pathlib.Path) -> dict:
     """Paths in a config file are relative to the file."""
     def rel(value):
         value = expand(value)
-        return value if pathlib.Path(value).is_absolute() else str(base / value)
+        return value if pathlib.Path(value).is_absolute() else os.path.normpath(base / value)
     for section, keys in {"model": ("path", "tokenizer"), "task": ("path",), "checkpoint": ("dir",),
                           "metrics": ("jsonl", "tensorboard")}.items():
         for key in keys:

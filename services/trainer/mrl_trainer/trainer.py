@@ -14,12 +14,14 @@ micro-batch loss is normalised by the whole batch's totals, so the accumulated g
 full-batch gradient. With μ = updates_per_step = 1, π_old is π_θ detached (no extra forward).
 """
 import copy
+import logging
 import random
 import time
 
 import numpy as np
 import torch
 
+from mrl.errors import MrlError, Unavailable
 from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.errors import TrainerError
@@ -33,6 +35,7 @@ from mrl_trainer.tasks import Problem, make_task
 
 __all__ = ["Trainer", "micro_batches"]
 
+log = logging.getLogger("mrl.trainer")
 CAPABILITY_WINDOW = 5   # K in HACPO: steps in the capability window P̂
 
 
@@ -172,8 +175,9 @@ class Trainer:
         tokens = sum(len(s.ids) for group in batch.samples for s in group)
         self.state.rollouts_total += n_samples
         self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[-CAPABILITY_WINDOW:]
+        published = 0
         if self.exchange is not None:
-            self.exchange.publish(step_experiences(
+            published = self.publish(step_experiences(
                 batch, run_id=self.cfg.run_id, policy=self.cfg.policy, version=t,
                 tokenizer_id=self.cfg.exchange.tokenizer_id, batch_rewards=self.state.batch_rewards,
                 window=CAPABILITY_WINDOW, rollouts_per_s=n_samples / rollout_s, tokens_per_s=tokens / rollout_s,
@@ -187,9 +191,26 @@ class Trainer:
                   "capability": capability(self.state.batch_rewards, CAPABILITY_WINDOW),
                   "rollouts_total": self.state.rollouts_total, "tokens": tokens,
                   "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
-                  "rollout_s": rollout_s, "update_s": update_s, "tokens_per_s": tokens / rollout_s, **stats}
+                  "rollout_s": rollout_s, "update_s": update_s, "tokens_per_s": tokens / rollout_s,
+                  "published": published, **stats}
         self.metrics.log(t, **record)
         return record
+
+    def publish(self, experiences) -> int:
+        """Publish a step's experience; returns how many were sent (0 while the exchange is unreachable).
+
+        An unreachable exchange (after the client's retries) does not stop training: the step's
+        experience is skipped with a warning, as a dead peer must not block a policy. A refusal
+        (bad token, wrong policy, invalid experience) is a configuration error and stops the run.
+        """
+        try:
+            self.exchange.publish(experiences)
+        except Unavailable as exc:
+            log.warning("exchange unreachable, step's experience not published: %s", exc)
+            return 0
+        except MrlError as exc:
+            raise TrainerError(f"the exchange refused this trainer's experience: {exc}") from exc
+        return len(experiences)
 
     # --- the run --------------------------------------------------------------------------------
     def checkpoint(self) -> None:
