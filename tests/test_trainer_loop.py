@@ -2,7 +2,6 @@
 rollouts and their log-probs, micro-batching, metrics, checkpoint and resume (also after SIGKILL),
 publishing to a real exchange, and clean stops on bad config, a raising verifier or a NaN loss."""
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -152,7 +151,7 @@ def test_a_killed_trainer_resumes_where_its_checkpoint_left_it(tmp_path):
     at = int(latest_checkpoint(tmp_path / "ckpt").name.split("-")[1])
     done = _mrl("trainer", "run", str(path), "--set", f"steps={at + 1}")
     assert done.returncode == 0, done.stderr
-    assert f"resumed from" in done.stderr and f"at step {at}" in done.stderr
+    assert "resumed from" in done.stderr and f"at step {at}" in done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == at + 1
 
 

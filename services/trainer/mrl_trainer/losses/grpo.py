@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ._names import choose
-from .aggregation import Aggregation, aggregate, masked_seq_mean
+from .aggregation import Aggregation, aggregate
 from .gspo import sequence_ratio
 
 __all__ = ["ImportanceLevel", "clipped_surrogate", "kl_k3", "policy_loss", "token_ratio"]
