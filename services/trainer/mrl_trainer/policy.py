@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mrl.assets import expand, model_cache_dir
 from mrl_trainer.errors import TrainerError
 
-__all__ = ["ModelSpec", "load_policy", "prompt_ids", "PLAIN_CHAT_TEMPLATE"]
+__all__ = ["ModelSpec", "load_policy", "gguf_folder", "prompt_ids", "PLAIN_CHAT_TEMPLATE"]
 
 # For tokenizers that have no chat template (GPT-2): one turn per line, the answer after "Assistant:".
 PLAIN_CHAT_TEMPLATE = (
@@ -69,7 +69,7 @@ def _existing(path: str, what: str) -> pathlib.Path:
     return p
 
 
-def _gguf_folder(path: str) -> pathlib.Path:
+def gguf_folder(path: str) -> pathlib.Path:
     """The safetensors folder a GGUF file converts into, converting it once (atomically) if needed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     gguf = _existing(path, "GGUF file")
@@ -154,7 +154,7 @@ def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int =
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
-        folder = _gguf_folder(spec.path) if spec.source == "gguf" else _existing(spec.path, "model folder")
+        folder = gguf_folder(spec.path) if spec.source == "gguf" else _existing(spec.path, "model folder")
         tokenizer = _load_tokenizer(spec.tokenizer or str(folder))
         try:
             model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
