@@ -172,7 +172,7 @@ def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int =
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     if spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         model.config.use_cache = False
     return model.to(device).train(), tokenizer
 
