@@ -40,6 +40,8 @@ demo: install
 bench: install tokenizers
 	$(BIN)/mrl bench exchange
 	$(BIN)/mrl bench align
+	$(BIN)/mrl bench scheduler
+	$(BIN)/mrl bench trainer
 
 up: install
 	$(BIN)/mrl up examples/local.yaml

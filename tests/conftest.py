@@ -11,6 +11,8 @@ import pytest
 from mrl.embedded_redis import EmbeddedRedis
 from mrl_exchange.app import ExchangeServer
 from mrl_exchange.settings import ExchangeSettings
+from mrl_scheduler.app import SchedulerServer
+from mrl_scheduler.settings import SchedulerSettings
 
 
 @pytest.fixture(scope="session")
@@ -52,23 +54,44 @@ class RunningExchange(RunningServer):
         super().__init__(lambda: ExchangeServer(self.settings, redis_url))
 
 
-@pytest.fixture
-def start_exchange(redis_url):
+def _starter(running, redis_url):
+    """A fixture's body: yields start(**overrides) -> a running server (on `redis_url` unless overridden);
+    stops every server it started."""
     started = []
 
-    def start(**overrides) -> RunningExchange:
-        ex = RunningExchange(overrides.pop("redis_url", redis_url), **overrides)
-        started.append(ex)
-        return ex
+    def start(**overrides):
+        server = running(overrides.pop("redis_url", redis_url), **overrides)
+        started.append(server)
+        return server
 
     yield start
-    for ex in started:
-        ex.stop()
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def start_exchange(redis_url):
+    yield from _starter(RunningExchange, redis_url)
 
 
 @pytest.fixture
 def exchange(start_exchange):
     return start_exchange()
+
+
+class RunningScheduler(RunningServer):
+    """A scheduler on free ports; its own namespace (unless given) and `slots` declared slots on node-0."""
+
+    def __init__(self, redis_url: str, **overrides):
+        defaults = {"port": 0, "admin_port": 0, "namespace": f"ns-{uuid.uuid4().hex[:12]}", "inventory": "slots",
+                    "node": "node-0", "slots": 4, "sweep_interval_s": 0.05}
+        self.settings = SchedulerSettings(redis_url=redis_url, **{**defaults, **overrides})
+        super().__init__(lambda: SchedulerServer(self.settings, redis_url))
+
+
+@pytest.fixture
+def start_scheduler(redis_url):
+    yield from _starter(RunningScheduler, redis_url)
 
 
 @pytest.fixture

@@ -1,4 +1,9 @@
-"""Builders of valid experiences for the tests."""
+"""Builders of valid experiences and auth files for the tests."""
+import pathlib
+
+import yaml
+
+from mrl.auth import hash_token, new_token
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
 
@@ -21,3 +26,16 @@ def one_of_each(run_id, producer="policy-a", version=1):
         new_experience(run_id, producer, version, pb.PolicyStats(step=3, batch_mean_reward=0.5, capability=0.4,
                                                                  window=5, rollouts_per_s=10.0)),
     ]
+
+
+POLICIES = ("policy-a", "policy-b")
+
+
+def write_auth_file(path: pathlib.Path, run_id: str) -> dict[str, str]:
+    """policy-a and policy-b in run_id, and an admin; returns the tokens (the file holds only hashes)."""
+    tokens = {name: new_token() for name in (*POLICIES, "admin")}
+    principals = [{"name": p, "role": "policy", "policy": p, "runs": [run_id],
+                   "token_sha256": hash_token(tokens[p])} for p in POLICIES]
+    principals.append({"name": "admin", "role": "admin", "token_sha256": hash_token(tokens["admin"])})
+    path.write_text(yaml.safe_dump({"principals": principals}))
+    return tokens

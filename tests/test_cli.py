@@ -25,13 +25,15 @@ def test_token_new_prints_a_token_and_an_entry_holding_only_its_hash(capsys, tmp
 def test_up_runs_the_topology_and_stops_cleanly_on_ctrl_c(tmp_path):
     config = tmp_path / "local.yaml"
     config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "d"), "exchange": {"port": 0, "admin_port": 0},
-                                      "tokenizer_align": {"port": 0, "admin_port": 0}}))
+                                      "tokenizer_align": {"port": 0, "admin_port": 0},
+                                      "scheduler": {"port": 0, "admin_port": 0, "slots": 2}}))
     proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True)
     try:
         first = proc.stdout.readline()
         assert first.startswith("mrl up: redis unix://"), first
         assert "exchange         gRPC 127.0.0.1:" in proc.stdout.readline()
         assert "tokenizer_align  gRPC 127.0.0.1:" in proc.stdout.readline()
+        assert "scheduler        gRPC 127.0.0.1:" in proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
         rest = proc.stdout.read()
         assert proc.wait(20) == 0
@@ -65,12 +67,12 @@ def test_children_die_with_a_killed_launcher(tmp_path):
     import time
     config = tmp_path / "local.yaml"
     config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "d"), "exchange": {"port": 0, "admin_port": 0},
-                                      "tokenizer_align": None}))
+                                      "tokenizer_align": None, "scheduler": None}))
     proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
     proc.stdout.readline()  # redis, then the exchange is ready
     children = [d.name for d in pathlib.Path("/proc").iterdir() if d.name.isdigit() and _ppid(d) == proc.pid]
-    assert len(children) == 2  # redis-server and the exchange (the alignment service is off here)
+    assert len(children) == 2  # redis-server and the exchange (the alignment service and scheduler are off)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10

@@ -24,9 +24,9 @@ MRL_SERVICES = sorted(name for name in SERVICES if name != "redis")
 REDIS_USERS = {"exchange", "scheduler"}
 
 # `mrl` subcommands that later issues add, by issue. Drop an entry once the CLI has the command.
-PLANNED_COMMANDS = {("scheduler", "serve"): "MWRA", ("trainer", "run"): "Trainer"}
+PLANNED_COMMANDS: dict[tuple[str, str], str] = {}
 # Service folders whose package (pyproject.toml) lands with a later issue.
-PLANNED_PACKAGES = {"scheduler": "MWRA", "trainer": "Trainer"}
+PLANNED_PACKAGES: dict[str, str] = {}
 
 
 def _dockerfile(name: str) -> pathlib.Path:

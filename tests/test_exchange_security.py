@@ -16,14 +16,13 @@ import httpx
 import pytest
 import yaml
 
-from helpers import rollout
+from helpers import rollout, write_auth_file
 from mrl import errors
 from mrl.auth import Authenticator, hash_token, new_token
 from mrl.exchange_client import Backoff, ExchangeClient
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import exchange_pb2_grpc
 
-POLICIES = ("policy-a", "policy-b")
 _ERROR_OF_CODE = {cls.grpc_code: cls for cls in (errors.InvalidArgument, errors.Unauthenticated,
                                                   errors.PermissionDenied, errors.NotFound,
                                                   errors.ResourceExhausted, errors.Unavailable)}
@@ -37,16 +36,6 @@ def take(subscription, n, timeout_s=10.0):
         return list(itertools.islice(iter(subscription), n))
     finally:
         timer.cancel()
-
-
-def write_auth_file(path: pathlib.Path, run_id: str) -> dict[str, str]:
-    """policy-a and policy-b in run_id, and an admin; returns the tokens (the file holds only hashes)."""
-    tokens = {name: new_token() for name in (*POLICIES, "admin")}
-    principals = [{"name": p, "role": "policy", "policy": p, "runs": [run_id],
-                   "token_sha256": hash_token(tokens[p])} for p in POLICIES]
-    principals.append({"name": "admin", "role": "admin", "token_sha256": hash_token(tokens["admin"])})
-    path.write_text(yaml.safe_dump({"principals": principals}))
-    return tokens
 
 
 class Env:

@@ -36,7 +36,7 @@ def _load(module: str, package: str):
 
 
 _BENCHES = {"exchange": ("mrl_exchange.bench", "exchange"), "align": ("mrl_tokenizer_align.bench", "tokenizer_align"),
-            "scheduler": ("mrl_scheduler.bench", "scheduler")}
+            "scheduler": ("mrl_scheduler.bench", "scheduler"), "trainer": ("mrl_trainer.bench", "trainer")}
 
 
 def _token_new(args) -> None:

@@ -6,47 +6,26 @@
             use(d.experience)
             d.ack()
 
-Both twins share `_Requests`, which builds and checks requests and does no I/O. Publish is
+Both twins share `_Requests`, which opens the channel and builds and checks requests. Publish is
 retried with exponential backoff while the exchange is UNAVAILABLE (it is idempotent by
 experience id); a subscription reconnects with backoff, and whatever it had not acked
 is delivered again after the visibility timeout. gRPC errors become `mrl.errors` exceptions.
 """
 import asyncio
-import random
 import time
 from collections.abc import Iterable
 
 import grpc
 
 from mrl import errors, experience
+from mrl.grpc_client import Backoff, BlockingClient, call, open_channel
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import exchange_pb2_grpc
 from mrl.v1 import experience_pb2 as pb
 
 __all__ = ["ExchangeClient", "AsyncExchangeClient", "Delivery", "Backoff"]
 
-_ERROR_OF = {cls.grpc_code: cls for cls in (errors.InvalidArgument, errors.Unauthenticated,
-                                             errors.PermissionDenied, errors.NotFound,
-                                             errors.ResourceExhausted, errors.Unavailable)}
 _START = {"latest": xpb.START_POSITION_LATEST, "earliest": xpb.START_POSITION_EARLIEST}
-
-
-def _mrl_error(exc: grpc.RpcError) -> errors.MrlError:
-    cls = _ERROR_OF.get(exc.code(), errors.MrlError)
-    return cls(f"{exc.code().name}: {exc.details()}")
-
-
-class Backoff:
-    """Delays base·2^n (capped at `cap`, with ±50% jitter) for at most `attempts` tries (None: forever)."""
-
-    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0, attempts: int | None = 6):
-        self.base_s, self.cap_s, self.attempts = base_s, cap_s, attempts
-
-    def delays(self):
-        n = 0
-        while self.attempts is None or n < self.attempts - 1:
-            yield min(self.cap_s, self.base_s * 2 ** n) * random.uniform(0.5, 1.5)
-            n += 1
 
 
 class Delivery:
@@ -70,13 +49,11 @@ class Delivery:
 
 
 class _Requests:
-    """Request building and checking shared by both clients; no I/O."""
+    """The channel and token metadata, and request building and checking, shared by both clients."""
 
-    def __init__(self, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int):
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self.options = [("grpc.max_receive_message_length", max_message_bytes),
-                        ("grpc.max_send_message_length", max_message_bytes)]
-        self.credentials = grpc.ssl_channel_credentials(tls_root_cert) if tls_root_cert is not None else None
+    def __init__(self, target: str, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int,
+                 aio: bool = False):
+        self.channel, self.metadata = open_channel(target, token, tls_root_cert, max_message_bytes, aio)
 
     @staticmethod
     def publish(experiences: Iterable[pb.Experience]) -> xpb.PublishRequest:
@@ -99,34 +76,16 @@ class _Requests:
         return req
 
 
-class ExchangeClient:
+class ExchangeClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
                  max_message_bytes: int = 16 << 20, backoff: Backoff | None = None):
-        self._req = _Requests(token, tls_root_cert, max_message_bytes)
-        self._channel = (grpc.secure_channel(target, self._req.credentials, self._req.options)
-                         if self._req.credentials else grpc.insecure_channel(target, self._req.options))
+        self._req = _Requests(target, token, tls_root_cert, max_message_bytes)
+        self._channel = self._req.channel
         self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
         self.backoff = backoff or Backoff()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        self._channel.close()
-
     def _call(self, method, request, retry: bool = False):
-        delays = self.backoff.delays() if retry else iter(())
-        while True:
-            try:
-                return method(request, metadata=self._req.metadata)
-            except grpc.RpcError as exc:
-                delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
-                if delay is None:
-                    raise _mrl_error(exc) from exc
-                time.sleep(delay)
+        return call(method, request, self._req.metadata, self.backoff, retry)
 
     def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
         """Publish a batch (one run); retried while UNAVAILABLE, since publish is idempotent."""
@@ -198,11 +157,11 @@ class Subscription:
                 if self._closed:
                     return
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise _mrl_error(exc) from exc
+                    raise errors.from_rpc_error(exc) from exc
                 delays = delays or self._reconnect.delays()
                 delay = next(delays, None)
                 if delay is None:
-                    raise _mrl_error(exc) from exc
+                    raise errors.from_rpc_error(exc) from exc
                 time.sleep(delay)
 
 
@@ -211,9 +170,8 @@ class AsyncExchangeClient:
 
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
                  max_message_bytes: int = 16 << 20, backoff: Backoff | None = None):
-        self._req = _Requests(token, tls_root_cert, max_message_bytes)
-        self._channel = (grpc.aio.secure_channel(target, self._req.credentials, self._req.options)
-                         if self._req.credentials else grpc.aio.insecure_channel(target, self._req.options))
+        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, aio=True)
+        self._channel = self._req.channel
         self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
         self.backoff = backoff or Backoff()
 
@@ -234,7 +192,7 @@ class AsyncExchangeClient:
             except grpc.RpcError as exc:
                 delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
                 if delay is None:
-                    raise _mrl_error(exc) from exc
+                    raise errors.from_rpc_error(exc) from exc
                 await asyncio.sleep(delay)
 
     async def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
@@ -270,11 +228,11 @@ class AsyncExchangeClient:
                 return
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise _mrl_error(exc) from exc
+                    raise errors.from_rpc_error(exc) from exc
                 delays = delays or (reconnect or Backoff(attempts=None)).delays()
                 delay = next(delays, None)
                 if delay is None:
-                    raise _mrl_error(exc) from exc
+                    raise errors.from_rpc_error(exc) from exc
                 await asyncio.sleep(delay)
             finally:
                 call.cancel()

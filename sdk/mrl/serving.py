@@ -9,9 +9,12 @@ Every mrl service is a core plus two thin transports; this module is what they s
     await server.stop()
 
 `run_until_signal(server)` prints the one JSON "ready" line a parent process reads (ports) and
-waits for SIGINT/SIGTERM. With auth off, both transports bind loopback only (see grpc_service.bind).
+waits for SIGINT/SIGTERM; `serve_service` is a service's whole `mrl ... serve` (logging, the embedded
+Redis when none is configured, run until a signal). With auth off, both transports bind loopback only
+(see grpc_service.bind).
 """
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -24,12 +27,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from mrl.auth import Authenticator, Principal
+from mrl.embedded_redis import EmbeddedRedis
 from mrl.errors import MrlError, Unauthenticated
 from mrl.grpc_service import add_health_and_reflection, add_service, authorization, bind
 from mrl.ratelimit import RateLimiter
 from mrl.settings import ServerSettings
 
-__all__ = ["ServiceServer", "grpc_principal", "rest_app", "run_until_signal"]
+__all__ = ["ServiceServer", "grpc_principal", "rest_app", "run_until_signal", "serve_service"]
 
 log = logging.getLogger("mrl.serving")
 
@@ -151,3 +155,22 @@ async def run_until_signal(server, ready_name: str) -> None:
     await stop.wait()
     log.info("%s shutting down", ready_name)
     await server.stop()
+
+
+def serve_service(name: str, settings: ServerSettings, make_server: Callable[[str | None], ServiceServer],
+                  needs_redis: bool = True) -> None:
+    """`mrl <service> serve`: log at settings.log_level; when the service needs Redis and MRL_REDIS_URL is
+    unset, start an embedded redis-server under data_dir; run make_server(redis_url) until SIGINT/SIGTERM."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run(url: str | None) -> None:
+        server = make_server(url)  # on the running loop: grpc.aio binds to it
+        await server.start()
+        await run_until_signal(server, name)
+
+    with contextlib.ExitStack() as stack:
+        url = settings.redis_url
+        if needs_redis and not url:
+            url = stack.enter_context(EmbeddedRedis(settings.data_dir / "redis"))
+            log.info("MRL_REDIS_URL unset: started an embedded redis-server at %s", url)
+        asyncio.run(run(url))

@@ -10,6 +10,8 @@ A topology file (examples/local.yaml):
     tokenizer_align:
       port: 50052
       admin_port: 8081
+    scheduler:
+      slots: 4               # CPU-only: declared devices (GPUs are found by NVML)
 
 Each service is a child process (`python -m mrl.cli ... serve`) that prints one JSON
 "ready" line with its ports; Ctrl-C (or SIGTERM) stops the children, then Redis.
@@ -60,7 +62,8 @@ class ServiceProcess:
 
 # service -> (CLI words, default ports, needs Redis)
 SERVICES = {"exchange": (["exchange", "serve"], (50051, 8080), True),
-            "tokenizer_align": (["align", "serve"], (50052, 8081), False)}
+            "tokenizer_align": (["align", "serve"], (50052, 8081), False),
+            "scheduler": (["scheduler", "serve"], (50053, 8082), True)}
 
 
 @contextlib.contextmanager

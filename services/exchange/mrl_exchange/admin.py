@@ -3,11 +3,14 @@
 /healthz, /readyz and /metrics are open (probes and scrapers); everything under /v1 needs an
 admin principal's bearer token when auth is on. OpenAPI at /openapi.json, docs at /docs.
 """
+import functools
+
 from fastapi import Depends, FastAPI, Query
 
 from mrl import experience
 from mrl.auth import Authenticator
 from mrl.ratelimit import RateLimiter
+from mrl.redis_io import redis_ready
 from mrl.serving import rest_app
 from mrl_exchange.core import Exchange
 
@@ -15,11 +18,9 @@ __all__ = ["create_admin_app"]
 
 
 def create_admin_app(exchange: Exchange, auth: Authenticator, limiter: RateLimiter) -> FastAPI:
-    async def ready():
-        return None if await exchange.ping() else "Redis is not reachable"
-
     app, _, admin = rest_app("mrl exchange admin", "Shared Experience Exchange (SEE): runs, topics, consumer lag, "
-                             "retention.", auth, limiter, exchange.metrics.registry, ready)
+                             "retention.", auth, limiter, exchange.metrics.registry,
+                             functools.partial(redis_ready, exchange.redis))
 
     @app.get("/v1/runs", dependencies=[Depends(admin)])
     async def runs():

@@ -1,19 +1,14 @@
 """Run the exchange: Redis (embedded unless MRL_REDIS_URL is set), gRPC and the REST admin."""
-import asyncio
-import contextlib
-import logging
-
-from mrl.embedded_redis import EmbeddedRedis
-from mrl.serving import ServiceServer, run_until_signal
+from mrl.redis_io import wait_for_redis
+from mrl.serving import ServiceServer, serve_service
 from mrl.v1 import exchange_pb2
 from mrl_exchange.admin import create_admin_app
-from mrl_exchange.core import Exchange, wait_for_redis
+from mrl_exchange.core import Exchange
 from mrl_exchange.server import ExchangeServicer
 from mrl_exchange.settings import ExchangeSettings
 
 __all__ = ["ExchangeServer", "serve"]
 
-log = logging.getLogger("mrl.exchange")
 SERVICE = exchange_pb2.DESCRIPTOR.services_by_name["ExperienceExchange"]
 
 
@@ -25,7 +20,7 @@ class ExchangeServer(ServiceServer):
         self.exchange = Exchange.from_url(redis_url, settings)
 
     async def start(self) -> None:
-        await wait_for_redis(self.exchange)
+        await wait_for_redis(self.exchange.redis)
         servicer = ExchangeServicer(self.exchange, self.auth, self.limiter)
         await super().start([(SERVICE, servicer)], create_admin_app(self.exchange, self.auth, self.limiter))
 
@@ -34,19 +29,7 @@ class ExchangeServer(ServiceServer):
         await self.exchange.close()
 
 
-async def _serve(settings: ExchangeSettings, redis_url: str) -> None:
-    server = ExchangeServer(settings, redis_url)
-    await server.start()
-    await run_until_signal(server, "exchange")
-
-
 def serve(settings: ExchangeSettings | None = None) -> None:
     """`mrl exchange serve`: blocks until SIGINT/SIGTERM."""
     settings = settings or ExchangeSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with contextlib.ExitStack() as stack:
-        url = settings.redis_url
-        if not url:
-            url = stack.enter_context(EmbeddedRedis(settings.data_dir / "redis"))
-            log.info("MRL_REDIS_URL unset: started an embedded redis-server at %s", url)
-        asyncio.run(_serve(settings, url))
+    serve_service("exchange", settings, lambda url: ExchangeServer(settings, url))

@@ -27,7 +27,6 @@ import array
 import json
 import multiprocessing as mp
 import os
-import platform
 import tempfile
 import time
 import threading
@@ -37,6 +36,7 @@ import queue
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
+from mrl import benchmarking
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
@@ -209,35 +209,21 @@ def _phase(system, where, redis_url, n, rate=None) -> dict:
             "exp_per_s": round(total / ((done - start) / 1e9), 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99)}
 
 
-def _cleanup(redis_url, *run_ids) -> None:
-    """Remove these runs' keys (only ours: each run id is fresh); never FLUSH anything."""
-    r = redis.Redis.from_url(redis_url)
-    for pattern in [f"{prefix}:{{{run_id}}}:*" for run_id in run_ids for prefix in ("bench", "mrl")]:
-        keys = list(r.scan_iter(match=pattern, count=1000))
-        for i in range(0, len(keys), 500):
-            r.unlink(*keys[i:i + 500])
-    r.close()
-
-
-def _machine(redis_url) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    version = redis.Redis.from_url(redis_url).info("server").get("redis_version")
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python " \
-           f"{platform.python_version()}, redis-server {version}, redis-py {redis.__version__} " \
-           f"({'hiredis' if HIREDIS_AVAILABLE else 'pure-Python'} parser)"
+def _patterns(*run_ids) -> list[str]:
+    """The keys of these runs (only ours: each run id is fresh)."""
+    return [f"{prefix}:{{{run_id}}}:*" for run_id in run_ids for prefix in ("bench", "mrl")]
 
 
 def main(quick: bool = False) -> None:
     n = 512 if quick else 100_000
     with tempfile.TemporaryDirectory(prefix="mrl-bench-") as tmp, \
             redis_for(os.environ.get("MRL_REDIS_URL"), tmp) as url:
-        machine = _machine(url)
+        machine = benchmarking.machine(url)
         size = len(_raw_payload())
         print(f"mrl bench exchange: {machine}\n  {PRODUCERS} producers × batches of {BATCH}, {SUBSCRIBERS} "
               f"subscribers (one group each, all producers), {size} B rollouts, {n} experiences", flush=True)
         raw = _phase("raw", url, url, n)
-        _cleanup(url, raw["run_id"])
+        benchmarking.delete_keys(url, _patterns(raw["run_id"]))
         print(f"  raw redis-py  {raw['exp_per_s']:>9.0f} exp/s   p50 {raw['p50_ms']} ms  p99 {raw['p99_ms']} ms",
               flush=True)
         with spawn("exchange", url, log_level="ERROR") as exchange:
@@ -250,7 +236,8 @@ def main(quick: bool = False) -> None:
             half = _phase("mrl", target, url, half_n, rate=half_rate)
             print(f"  mrl at half load ({half_rate:.0f} exp/s offered): {half['exp_per_s']:.0f} exp/s  p50 "
                   f"{half['p50_ms']} ms  p99 {half['p99_ms']} ms", flush=True)
-        _cleanup(url, peak["run_id"], half["run_id"])  # once the exchange has let go of their groups
+        # once the exchange has let go of their groups
+        benchmarking.delete_keys(url, _patterns(peak["run_id"], half["run_id"]))
     ratio = round(peak["exp_per_s"] / raw["exp_per_s"], 3)
     result = {"bench": "exchange", "machine": machine, "quick": quick, "experiences": n, "experience_bytes": size,
               "producers": PRODUCERS, "subscribers": SUBSCRIBERS, "batch": BATCH, "hiredis": HIREDIS_AVAILABLE,

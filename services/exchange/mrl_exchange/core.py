@@ -12,7 +12,6 @@ One consumer group per subscribing policy on each stream, named after the policy
 policy sees every entry once; at-least-once: an entry stays in the group's pending list
 until acked (see subscription.py for redelivery).
 """
-import asyncio
 import logging
 
 import redis.asyncio as aioredis
@@ -20,6 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from mrl import experience
 from mrl.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
+from mrl.redis_io import ping, redis_call
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
@@ -155,10 +155,7 @@ class Exchange:
         await self.redis.aclose()
 
     async def ping(self) -> bool:
-        try:
-            return bool(await self.redis.ping())
-        except (RedisError, OSError):
-            return False
+        return await ping(self.redis)
 
     # -- publish ---------------------------------------------------------------------------
     def check_batch(self, experiences) -> list[str]:
@@ -309,25 +306,9 @@ class Exchange:
 
 
 
-async def redis_call(awaitable):
-    """Await a Redis command; a connection or server failure becomes Unavailable (the boundary mapping)."""
-    try:
-        return await awaitable
-    except (RedisError, OSError) as exc:
-        raise Unavailable(f"Redis is unreachable or failed: {exc}") from exc
-
-
 def _raw_reply(response, **options):
     return response
 
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-async def wait_for_redis(exchange: Exchange, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await exchange.ping():
-        if asyncio.get_running_loop().time() > deadline:
-            raise Unavailable(f"Redis did not answer within {timeout_s} s")
-        await asyncio.sleep(0.1)

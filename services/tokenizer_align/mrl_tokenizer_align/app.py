@@ -1,8 +1,7 @@
 """Run the alignment service: `mrl align serve` (gRPC TokenizerAlign + REST twin)."""
-import asyncio
 import logging
 
-from mrl.serving import ServiceServer, run_until_signal
+from mrl.serving import ServiceServer, serve_service
 from mrl.v1 import tokenizer_align_pb2
 from mrl_tokenizer_align.registry import TokenizerRegistry
 from mrl_tokenizer_align.service import Aligner, AlignServicer, create_rest_app
@@ -29,13 +28,6 @@ class AlignServer(ServiceServer):
         await super().start([(SERVICE, servicer)], create_rest_app(self.aligner, self.auth, self.limiter))
 
 
-async def _serve(settings: AlignSettings) -> None:
-    server = AlignServer(settings)
-    await server.start()
-    await run_until_signal(server, "tokenizer_align")
-
-
 def serve(settings: AlignSettings | None = None) -> None:
     settings = settings or AlignSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(settings))
+    serve_service("tokenizer_align", settings, lambda _: AlignServer(settings), needs_redis=False)

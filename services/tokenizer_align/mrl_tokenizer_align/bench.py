@@ -20,13 +20,12 @@ is one JSON object.
 """
 import json
 import math
-import os
-import platform
 import random
 import time
 
 import numpy as np
 
+from mrl import benchmarking
 from mrl_tokenizer_align import catalog
 from mrl_tokenizer_align.align import Trace, align
 from mrl_tokenizer_align.vocab import GPT2_PATTERN, load_vocab
@@ -110,16 +109,11 @@ def _raw_encoder(tid: str, path):
 
 
 def _machine() -> str:
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                   cpu)
     import sentencepiece
     import tiktoken
     import tokenizers
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python "
-            f"{platform.python_version()}, numpy {np.__version__}, tiktoken {tiktoken.__version__}, sentencepiece "
-            f"{sentencepiece.__version__}, tokenizers {tokenizers.__version__}")
+    return benchmarking.machine(libraries=f"numpy {np.__version__}, tiktoken {tiktoken.__version__}, sentencepiece "
+                                          f"{sentencepiece.__version__}, tokenizers {tokenizers.__version__}")
 
 
 def _responses(src, n: int, seed: int):

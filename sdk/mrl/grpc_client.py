@@ -1,0 +1,70 @@
+"""The client-side gRPC plumbing every mrl client shares: channels, bearer tokens, retries, errors.
+
+    channel, metadata = open_channel("host:50051", token, tls_root_cert, max_message_bytes)
+    reply = call(stub.Method, request, metadata, Backoff(), retry=True)   # blocking clients
+
+A call that fails raises the `mrl.errors` class of its status (`errors.from_rpc_error`); with
+`retry=True` an UNAVAILABLE call is tried again after each delay of the Backoff, for idempotent
+calls only.
+"""
+import random
+import time
+
+import grpc
+
+from mrl import errors
+
+__all__ = ["Backoff", "BlockingClient", "open_channel", "call"]
+
+
+class Backoff:
+    """Delays base·2^n (capped at `cap`, with ±50% jitter) for at most `attempts` tries (None: forever)."""
+
+    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0, attempts: int | None = 6):
+        self.base_s, self.cap_s, self.attempts = base_s, cap_s, attempts
+
+    def delays(self):
+        n = 0
+        while self.attempts is None or n < self.attempts - 1:
+            yield min(self.cap_s, self.base_s * 2 ** n) * random.uniform(0.5, 1.5)
+            n += 1
+
+
+def open_channel(target: str, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int,
+                 aio: bool = False):
+    """A channel to `target` (TLS when `tls_root_cert` is given) and the metadata carrying the bearer token."""
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes)]
+    module = grpc.aio if aio else grpc
+    if tls_root_cert is not None:
+        return module.secure_channel(target, grpc.ssl_channel_credentials(tls_root_cert), options), metadata
+    return module.insecure_channel(target, options), metadata
+
+
+def call(method, request, metadata, backoff: Backoff, retry: bool = False, timeout: float | None = None):
+    """A blocking unary call; with `retry`, UNAVAILABLE is retried along `backoff` (idempotent calls only)."""
+    delays = backoff.delays() if retry else iter(())
+    while True:
+        try:
+            return method(request, metadata=metadata, timeout=timeout)
+        except grpc.RpcError as exc:
+            delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
+            if delay is None:
+                raise errors.from_rpc_error(exc) from exc
+            time.sleep(delay)
+
+
+class BlockingClient:
+    """What every blocking mrl client shares: `self._channel`, closed by `close()` or the with-block."""
+
+    _channel: grpc.Channel
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,148 @@
+-- MWRA: the ops of the scheduler script (after scheduler.lua and fairshare.lua): each reads its
+-- arguments from ARGV[A..] and returns {status list, grants}.
+if OP == 'register' then
+  -- ARGV[A] = node, then (device id, index, memory bytes, kind) per device: the node's whole set.
+  local nd = ARGV[A]
+  local nk, new, revoke, gone, nrevoked, lowest = key('node:' .. nd), {}, {}, {}, 0, nil
+  local old = hash(nk)
+  for i = A + 1, #ARGV, 4 do new[ARGV[i]] = {ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]} end
+  for d, _ in pairs(old) do
+    if not new[d] then
+      gone[d] = true
+      redis.call('HDEL', key('dev'), d)
+      redis.call('HDEL', nk, d)
+      local o = redis.call('HGET', key('owner'), d)
+      if o then revoke[o] = d end
+    end
+  end
+  local free = {}
+  for d, spec in pairs(new) do
+    if not redis.call('HGET', key('owner'), d) then free[#free + 1] = d end
+    redis.call('HSET', key('dev'), d, nd .. ' ' .. spec[1] .. ' ' .. spec[2] .. ' ' .. spec[3])
+    redis.call('HSET', nk, d, spec[2])
+    if lowest == nil or tonumber(spec[2]) < lowest then lowest = tonumber(spec[2]) end
+  end
+  set_free(nd, free)
+  if lowest == nil then
+    redis.call('SREM', key('nodes'), nd)
+    redis.call('HDEL', key('nodemin'), nd)
+  else
+    redis.call('SADD', key('nodes'), nd)
+    redis.call('HSET', key('nodemin'), nd, fmt(lowest))
+  end
+  for o, d in pairs(revoke) do
+    if end_lease(o, 'revoked', 'device ' .. d .. ' left the inventory', gone) then nrevoked = nrevoked + 1 end
+  end
+  recompute_capacity()
+  local nrefused = 0  -- waiting requests no inventory can satisfy any more
+  for p, _ in pairs(hash(key('heads'))) do
+    for _, entry in ipairs(redis.call('LRANGE', key('q:' .. p), 0, -1)) do
+      local h = parse(entry, p)
+      local ok, why = possible(h)
+      if not ok then
+        refuse(h, why)
+        nrefused = nrefused + 1
+      end
+    end
+  end
+  return finish({{'ok', nrevoked, nrefused}, pass()})
+
+elseif OP == 'submit' then
+  -- ARGV[A..]: rid, policy, worker, phase, run, devices, min memory, same node (0/1), ttl ms,
+  -- linger ms (the request is dropped that long after now: its waiter has gone), weight, most queued
+  local rid, p = ARGV[A], ARGV[A + 1]
+  local entry = table.concat({rid, ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8], NOW, ARGV[A + 3],
+                              ARGV[A + 2], ARGV[A + 4]}, ' ')
+  local ok, why = possible(parse(entry, p))
+  if not ok then return {{'impossible', why}, {}} end
+  if redis.call('ZCARD', key('reqdl')) >= tonumber(ARGV[A + 11]) then return {{'full'}, {}} end
+  if redis.call('EXISTS', key('req:' .. rid), key('lease:' .. rid), key('ended:' .. rid)) > 0 then
+    return {{'duplicate'}, {}}
+  end
+  local head, s = redis.call('HGET', key('heads'), p), nil
+  if not head and num(redis.call('HGET', key('pstate'), p .. '|held'), 0) <= 0 then
+    local heads = hash(key('heads'))
+    s = state()
+    -- a policy becoming active starts no earlier than the least-served active one (no banked
+    -- credit), measured by what they have used: vt less the advance charges of their live leases
+    local floor, settled = nil, function(q) return num(s[q .. '|vt'], 0) - num(s[q .. '|adv'], 0) end
+    for q, _ in pairs(heads) do
+      if floor == nil or settled(q) < floor then floor = settled(q) end
+    end
+    for field, c in pairs(s) do
+      local q = string.match(field, '^(.*)|held$')
+      if q and tonumber(c) > 0 and (floor == nil or settled(q) < floor) then floor = settled(q) end
+    end
+    if floor and floor > num(s[p .. '|vt'], 0) then put(p .. '|vt', floor) end
+  end
+  local wt = s and s[p .. '|wt'] or redis.call('HGET', key('pstate'), p .. '|wt')
+  if num(wt, nil) ~= tonumber(ARGV[A + 10]) then put(p .. '|wt', ARGV[A + 10]) end
+  redis.call('HSET', key('req:' .. rid), 'p', p, 'e', entry)
+  redis.call('RPUSH', key('q:' .. p), entry)
+  redis.call('ZADD', key('reqdl'), NOW + tonumber(ARGV[A + 9]), rid)
+  if head then  -- it waits behind its policy's first request: nothing a pass could grant has changed
+    return finish({{'ok', NOW}, {}})
+  end
+  redis.call('HSET', key('heads'), p, entry)
+  return finish({{'ok', NOW}, pass()})
+
+elseif OP == 'cancel' then
+  -- ARGV[A] = rid: withdraw it if it still waits
+  local rid = ARGV[A]
+  local L = redis.call('HMGET', key('lease:' .. rid), 'tok', 'd', 'x', 'p', 'w', 'ph')
+  if L[1] then return {{'granted', rid, L[1], L[2], L[3], L[4], L[5], L[6]}, {}} end
+  local f = redis.call('HMGET', key('req:' .. rid), 'p', 'e', 'st', 'why')
+  if f[3] == 'refused' then
+    redis.call('DEL', key('req:' .. rid))
+    return {{'refused', f[4]}, {}}
+  end
+  if not f[1] then
+    local e = tombstone(rid)
+    return {{'gone', e and e[2] or ''}, {}}
+  end
+  unqueue(rid, f[1], f[2])
+  redis.call('DEL', key('req:' .. rid))
+  return finish({{'cancelled'}, pass()})
+
+elseif EXPIRED_RENEWAL then
+  end_lease(ARGV[A], 'expired', 'not renewed before it expired')
+  return finish({{'lost', 'expired', 'not renewed before it expired'}, pass()})
+
+elseif OP == 'release' then
+  -- ARGV[A..] = lease id, fencing token ('' = forced by an admin: revoked), detail
+  local id, tok = ARGV[A], ARGV[A + 1]
+  local f = redis.call('HMGET', key('lease:' .. id), 'tok', 'x')
+  if not f[1] then
+    local e = tombstone(id)
+    if not e then return {{'unknown'}, {}} end
+    if tok ~= '' and e[1] ~= tok then return {{'stale', e[1]}, {}} end
+    return {{'already', e[2]}, {}}
+  end
+  if tok ~= '' and f[1] ~= tok then return {{'stale', f[1]}, {}} end
+  if tok ~= '' and tonumber(f[2]) <= NOW then
+    end_lease(id, 'expired', 'not renewed before it expired')
+    return finish({{'already', 'expired'}, pass()})
+  end
+  end_lease(id, tok == '' and 'revoked' or 'released', ARGV[A + 2])
+  return finish({{'released'}, pass()})
+
+elseif OP == 'tick' then
+  -- sweep: leases past their expiry, requests whose waiter has gone; trim the event stream
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', key('expiry'), '-inf', NOW, 'LIMIT', 0, 256)) do
+    end_lease(id, 'expired', 'not renewed before it expired')
+  end
+  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', key('reqdl'), '-inf', NOW, 'LIMIT', 0, 256)) do
+    local f = redis.call('HMGET', key('req:' .. rid), 'p', 'e')
+    if f[1] then unqueue(rid, f[1], f[2]) else redis.call('ZREM', key('reqdl'), rid) end
+    redis.call('DEL', key('req:' .. rid))
+  end
+  redis.call('XTRIM', key('events'), 'MAXLEN', '~', MAXLEN)
+  local out, free = pass(), 0
+  for _, ids in ipairs(redis.call('HVALS', key('nfree'))) do
+    local _, c = string.gsub(ids, '%S+', '')
+    free = free + c
+  end
+  return finish({{'ok', redis.call('HLEN', key('dev')), free, redis.call('ZCARD', key('expiry')),
+                  redis.call('ZCARD', key('reqdl'))}, out})
+end
+return redis.error_reply('unknown op ' .. tostring(OP))
