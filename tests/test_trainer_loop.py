@@ -15,7 +15,7 @@ import yaml
 from mrl.assets import tokenizer_cache_dir
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import kind_name
-from mrl_trainer.checkpoint import latest_checkpoint
+from mrl_trainer.checkpoint import latest_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig, load_config
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
@@ -299,3 +299,17 @@ def test_an_unreachable_exchange_does_not_stop_training(tmp_path):
         record = trainer.step()
         trainer.close()
     assert record["published"] == 0 and trainer.state.step == 1
+
+
+def test_a_checkpoint_is_never_lost_to_a_resave_or_a_missing_folder(tmp_path):
+    trainer = Trainer(TrainerConfig.model_validate(tiny_config(tmp_path, steps=2, **{"checkpoint.keep": 3})))
+    trainer.run()
+    ckpt = tmp_path / "ckpt"
+    saved = (ckpt / "step-000002" / "trainer.pt").stat().st_mtime_ns
+    trainer.checkpoint()                                   # the same step again: nothing rewritten
+    assert (ckpt / "step-000002" / "trainer.pt").stat().st_mtime_ns == saved
+    save_checkpoint(ckpt, trainer.model, trainer.tokenizer, trainer.optimizer, trainer.state)  # a forced re-save
+    assert latest_checkpoint(ckpt).name == "step-000002" and not list(ckpt.glob("*.old"))
+    (ckpt / "latest").write_text("step-000009\n")          # a crash left `latest` naming nothing
+    assert latest_checkpoint(ckpt).name == "step-000002"
+    trainer.close()

@@ -86,6 +86,8 @@ class SchedulerClient(BlockingClient):
         """Acquire now (keyword arguments as `acquire`); use the result as a context manager."""
         if on_lost not in ("interrupt", "flag"):
             raise errors.InvalidArgument(f"on_lost {on_lost!r} must be 'interrupt' or 'flag'")
+        if acquire.get("ttl_s", DEFAULT_TTL_S) <= 0:  # the renewer paces itself by the TTL it asked for
+            raise errors.InvalidArgument(f"ttl_s ({acquire['ttl_s']}) must be > 0 for a held lease")
         return HeldLease(self, self.acquire(devices, phase, **acquire), acquire.get("ttl_s", DEFAULT_TTL_S), on_lost)
 
 

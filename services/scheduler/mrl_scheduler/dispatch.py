@@ -101,12 +101,18 @@ class Dispatcher:
             raise
         except MrlError as exc:
             self.metrics.refused.labels(type(exc).__name__).inc()
+            if isinstance(exc, Unavailable):  # a Redis blip mid-wait: withdraw the request, never orphan it
+                await asyncio.shield(self._abandon(rid))
             raise
         finally:
             self._waiters.pop(rid, None)
             self.metrics.waiting.set(len(self._waiters))
         self.metrics.wait.observe(time.monotonic() - start)
-        return await self.core.lease_proto(grant)
+        try:
+            return await self.core.lease_proto(grant)
+        except MrlError:                      # granted but not handed over: give the devices back
+            await asyncio.shield(self._abandon(rid))
+            raise
 
     async def _wait(self, r: Request, rid: str, wake: asyncio.Event, deadline: float) -> Grant:
         submitted = await self.core.submit(r, rid)
@@ -180,7 +186,10 @@ class Dispatcher:
                 continue
             for entry_id, fields in events:
                 after = entry_id
-                await self._dispatch(fields)
+                try:
+                    await self._dispatch(fields)
+                except Exception:  # one bad event must not end the pump (Watch and wake-ups hang on it)
+                    log.exception("event pump: could not dispatch event %s", entry_id)
 
     async def _dispatch(self, f: dict) -> None:
         kind = f["t"]

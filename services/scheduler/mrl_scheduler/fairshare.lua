@@ -215,7 +215,7 @@ local function pass()
   local s, active, W = state(), {}, 0
   for p, _ in pairs(heads) do active[p] = true end
   for field, v in pairs(s) do
-    local p = string.match(field, '^(.*)|held$')
+    local p = string.match(field, '^([^|]*)|held$')
     if p and tonumber(v) > 0 then active[p] = true end
   end
   for p, _ in pairs(active) do W = W + num(s[p .. '|wt'], 1) end

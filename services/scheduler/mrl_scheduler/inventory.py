@@ -34,10 +34,6 @@ class DeviceSpec:
     def device_id(self) -> str:
         return f"{self.node}/{'gpu' if self.kind == 'cuda' else 'slot'}-{self.index}"
 
-    def proto(self, lease_id: str = "") -> spb.Device:
-        return spb.Device(device_id=self.device_id, node=self.node, index=self.index,
-                          memory_bytes=self.memory_bytes, kind=self.kind, lease_id=lease_id)
-
 
 def nvml_devices(node: str) -> list[DeviceSpec]:
     """The GPUs NVML sees on this host, with their total memory; [] when there is no driver or no GPU."""

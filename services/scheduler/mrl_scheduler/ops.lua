@@ -70,7 +70,7 @@ elseif OP == 'submit' then
       if floor == nil or settled(q) < floor then floor = settled(q) end
     end
     for field, c in pairs(s) do
-      local q = string.match(field, '^(.*)|held$')
+      local q = string.match(field, '^([^|]*)|held$')
       if q and tonumber(c) > 0 and (floor == nil or settled(q) < floor) then floor = settled(q) end
     end
     if floor and floor > num(s[p .. '|vt'], 0) then put(p .. '|vt', floor) end

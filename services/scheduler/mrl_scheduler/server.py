@@ -46,8 +46,13 @@ class SchedulerServicer:
         return spb.ReleaseResponse(released=await self.dispatcher.release(request.lease_id, request.fencing_token))
 
     async def Inventory(self, request: spb.InventoryRequest, context) -> spb.InventoryResponse:
-        self._principal(context)
-        return await self.core.inventory()
+        principal = self._principal(context)
+        inventory = await self.core.inventory()
+        if not principal.is_admin:  # a policy sees every device's occupancy, but only its own leases
+            own = [lease for lease in inventory.leases if lease.policy == principal.policy]
+            del inventory.leases[:]
+            inventory.leases.extend(own)
+        return inventory
 
     async def Watch(self, request: spb.WatchRequest, context):
         principal = self._principal(context)

@@ -6,8 +6,8 @@
     <dir>/latest                          the name of the newest complete checkpoint
 
 A checkpoint is written into `step-N.tmp/`, renamed into place, and only then named by `latest`
-(os.replace): a crash at any point leaves the previous checkpoint intact and `latest` naming a
-complete one. The data cursor is the step itself: the prompts of step t are a pure function of
+(os.replace): a crash at any point leaves the previous checkpoint intact; should `latest` ever name
+a folder that is gone, the newest complete `step-N/` is used. The data cursor is the step itself: the prompts of step t are a pure function of
 (task, seed, t), so nothing else about the data needs saving.
 """
 import dataclasses
@@ -46,14 +46,18 @@ def _set_rng_state(state: dict) -> None:
 
 
 def latest_checkpoint(directory: str | pathlib.Path) -> pathlib.Path | None:
+    """The folder `latest` names; if a crash left it naming a missing folder, the newest complete one."""
     marker = pathlib.Path(directory) / "latest"
     if not marker.exists():
         return None
     folder = marker.parent / marker.read_text().strip()
-    if not (folder / "trainer.pt").exists():
-        raise TrainerError(f"{marker} names {folder.name}, which is incomplete or missing: remove {marker} "
-                           f"to start afresh, or point it at a complete step-N folder")
-    return folder
+    if (folder / "trainer.pt").exists():
+        return folder
+    complete = sorted(f for f in marker.parent.glob("step-[0-9]*[0-9]") if (f / "trainer.pt").exists())
+    if not complete:
+        raise TrainerError(f"{marker} names {folder.name}, which is incomplete or missing, and no complete "
+                           f"step-N folder is left: remove {marker} to start afresh")
+    return complete[-1]
 
 
 def save_checkpoint(directory: str | pathlib.Path, model, tokenizer, optimizer, state: TrainState,
@@ -70,11 +74,15 @@ def save_checkpoint(directory: str | pathlib.Path, model, tokenizer, optimizer, 
     torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state(), "state": dataclasses.asdict(state)},
                tmp / "trainer.pt")
     final = directory / name
-    shutil.rmtree(final, ignore_errors=True)
+    old = directory / f"{name}.old"      # a re-save of the same step: set aside, dropped once replaced
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
     tmp.rename(final)
     marker_tmp = directory / "latest.tmp"
     marker_tmp.write_text(name + "\n")
     os.replace(marker_tmp, directory / "latest")
+    shutil.rmtree(old, ignore_errors=True)
     for old in sorted(directory.glob("step-[0-9]*[0-9]"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -74,6 +74,7 @@ class Trainer:
         self.metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
                                    config.metrics.prometheus_port, config.metrics.tensorboard)
         self.resumed_from = found
+        self._saved_step = self.state.step if found else None
 
     # --- one step -------------------------------------------------------------------------------
     def _prompt(self, problem: Problem) -> list[int]:
@@ -214,8 +215,12 @@ class Trainer:
 
     # --- the run --------------------------------------------------------------------------------
     def checkpoint(self) -> None:
+        """Save the state at the current step, unless that step is saved already."""
+        if self._saved_step == self.state.step:
+            return
         save_checkpoint(self.cfg.checkpoint.dir, self.model, self.tokenizer, self.optimizer, self.state,
                         keep=self.cfg.checkpoint.keep)
+        self._saved_step = self.state.step
 
     def log_eval(self) -> float:
         accuracy = self.evaluate()
@@ -249,3 +254,4 @@ class Trainer:
 
     def close(self) -> None:
         self.metrics.close()
+        getattr(self.engine, "close", lambda: None)()    # SGLang's subprocesses; HF has nothing to free
