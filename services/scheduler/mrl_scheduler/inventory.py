@@ -15,7 +15,6 @@ import logging
 import pynvml
 
 from mrl.errors import InvalidArgument
-from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler.settings import SchedulerSettings
 
 __all__ = ["DeviceSpec", "nvml_devices", "slot_devices", "configured_nodes"]
