@@ -188,6 +188,7 @@ def test_smollm2_vocabulary_lacks_exactly_the_known_bytes(smollm2):
 def test_tokenizers_round_trip_any_text(gpt2, qwen, mistral, smollm2, text):
     assert gpt2.decode(gpt2.encode_ordinary(text)) == text
     assert qwen.decode(qwen.encode_ordinary(text)) == text
-    assert mistral.decode(mistral.encode(text)) == text
+    if "\u2581" not in text:  # SentencePiece's own space symbol '▁' decodes as ' ' (by design; hypothesis found it)
+        assert mistral.decode(mistral.encode(text)) == text
     if not SMOLLM2_MISSING_BYTES.intersection(text.encode("utf-8")):
         assert smollm2.decode(smollm2.encode(text).ids) == text
