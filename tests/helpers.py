@@ -1,5 +1,8 @@
 """Builders of valid experiences and auth files for the tests."""
+import json
 import pathlib
+import subprocess
+import sys
 
 import yaml
 
@@ -39,3 +42,13 @@ def write_auth_file(path: pathlib.Path, run_id: str) -> dict[str, str]:
     principals.append({"name": "admin", "role": "admin", "token_sha256": hash_token(tokens["admin"])})
     path.write_text(yaml.safe_dump({"principals": principals}))
     return tokens
+
+
+def run_quick_bench(name: str, cwd: pathlib.Path, timeout_s: float) -> dict:
+    """Run `mrl bench NAME --quick` in a child process; its last stdout line, parsed (it must be JSON)."""
+    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "bench", name, "--quick"], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == name and result["quick"] is True and result["machine"]
+    return result

@@ -1,19 +1,12 @@
 """Smoke test of `mrl bench exchange --quick`: it runs end to end and ends with its JSON line."""
-import json
-import subprocess
-import sys
-
 import pytest
+
+from helpers import run_quick_bench
 
 
 @pytest.mark.slow
 def test_bench_exchange_quick_ends_with_one_json_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "bench", "exchange", "--quick"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["bench"] == "exchange"
-    assert result["machine"] and result["quick"] is True
+    result = run_quick_bench("exchange", tmp_path, timeout_s=120)
     assert result["experiences"] > 0 and result["experience_bytes"] > 900
     for key in ("mrl_exp_per_s", "raw_redis_exp_per_s", "ratio", "p50_ms", "p99_ms", "half_load_exp_per_s",
                 "p99_ms_at_half_load"):

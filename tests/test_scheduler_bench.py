@@ -1,18 +1,12 @@
 """Smoke test of `mrl bench scheduler --quick`: it runs end to end and ends with its JSON line."""
-import json
-import subprocess
-import sys
-
 import pytest
+
+from helpers import run_quick_bench
 
 
 @pytest.mark.slow
 def test_bench_scheduler_quick_ends_with_one_json_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "bench", "scheduler", "--quick"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["bench"] == "scheduler" and result["machine"] and result["quick"] is True
+    result = run_quick_bench("scheduler", tmp_path, timeout_s=180)
     assert [r["gpus"] for r in result["runs"]] == [8, 64]
     for run in result["runs"]:
         for system in ("mrl", "fifo"):

@@ -1,9 +1,7 @@
 """Smoke test of `mrl bench trainer --quick`: both sides run end to end and it ends with its JSON line."""
-import json
-import subprocess
-import sys
-
 import pytest
+
+from helpers import run_quick_bench
 
 SIDE_KEYS = ("rollout_s", "update_s", "step_s", "rollout_tokens_per_s", "tokens_per_step", "prompt_tokens",
              "peak_rss_mb")
@@ -11,11 +9,7 @@ SIDE_KEYS = ("rollout_s", "update_s", "step_s", "rollout_tokens_per_s", "tokens_
 
 @pytest.mark.slow
 def test_bench_trainer_quick_ends_with_one_json_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "bench", "trainer", "--quick"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["bench"] == "trainer" and result["quick"] is True and result["machine"]
+    result = run_quick_bench("trainer", tmp_path, timeout_s=300)
     assert (result["P"], result["G"], result["T"], result["steps"]) == (1, 4, 8, 1)
     for side in ("mrl", "trl"):
         for key in SIDE_KEYS:
