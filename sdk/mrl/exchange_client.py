@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import grpc
 
 from mrl import errors, experience
-from mrl.grpc_client import Backoff, BlockingClient, call, open_channel
+from mrl.grpc_client import Backoff, BlockingClient, call, open_channel, retry_delay
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import exchange_pb2_grpc
 from mrl.v1 import experience_pb2 as pb
@@ -190,10 +190,7 @@ class AsyncExchangeClient:
             try:
                 return await method(request, metadata=self._req.metadata)
             except grpc.RpcError as exc:
-                delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
-                if delay is None:
-                    raise errors.from_rpc_error(exc) from exc
-                await asyncio.sleep(delay)
+                await asyncio.sleep(retry_delay(exc, delays))
 
     async def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
         return await self._call(self._stub.Publish, self._req.publish(experiences), retry=True)

@@ -14,7 +14,7 @@ import grpc
 
 from mrl import errors
 
-__all__ = ["Backoff", "BlockingClient", "open_channel", "call"]
+__all__ = ["Backoff", "BlockingClient", "open_channel", "call", "retry_delay"]
 
 
 class Backoff:
@@ -42,6 +42,15 @@ def open_channel(target: str, token: str | None, tls_root_cert: bytes | None, ma
     return module.insecure_channel(target, options), metadata
 
 
+def retry_delay(exc: grpc.RpcError, delays) -> float:
+    """The wait before trying a failed call again (UNAVAILABLE, while `delays` lasts); otherwise raises
+    the call's `mrl.errors` class. The one retry rule of the blocking and the asyncio clients."""
+    delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
+    if delay is None:
+        raise errors.from_rpc_error(exc) from exc
+    return delay
+
+
 def call(method, request, metadata, backoff: Backoff, retry: bool = False, timeout: float | None = None):
     """A blocking unary call; with `retry`, UNAVAILABLE is retried along `backoff` (idempotent calls only)."""
     delays = backoff.delays() if retry else iter(())
@@ -49,10 +58,7 @@ def call(method, request, metadata, backoff: Backoff, retry: bool = False, timeo
         try:
             return method(request, metadata=metadata, timeout=timeout)
         except grpc.RpcError as exc:
-            delay = next(delays, None) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
-            if delay is None:
-                raise errors.from_rpc_error(exc) from exc
-            time.sleep(delay)
+            time.sleep(retry_delay(exc, delays))
 
 
 class BlockingClient:
