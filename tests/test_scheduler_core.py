@@ -217,6 +217,18 @@ async def test_the_queue_is_bounded(redis_url):
 
 
 @pytest.mark.asyncio
+async def test_one_policy_cannot_fill_the_queue(redis_url):
+    env = Env(redis_url, max_queue_per_policy=2)
+    await env.core.register("node-0", slot_devices("node-0", 1))
+    for _ in range(3):                     # one granted, two waiting
+        await env.submit("pol-a")
+    with pytest.raises(ResourceExhausted, match="MRL_MAX_QUEUE_PER_POLICY"):
+        await env.submit("pol-a")
+    await env.submit("pol-b")              # another policy still gets in line
+    await env.core.close()
+
+
+@pytest.mark.asyncio
 async def test_a_device_that_leaves_revokes_its_lease_and_refuses_what_cannot_fit_any_more(env):
     lease = (await env.submit(devices=4, same_node=True)).grant
     big = await env.submit(policy="pol-b", devices=3, same_node=True)

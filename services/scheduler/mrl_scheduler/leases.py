@@ -204,16 +204,20 @@ class Scheduler:
         """Queue `r` and run a pass: granted at once, or waiting (see `status`, `cancel`).
 
         FailedPrecondition when no registered inventory can ever satisfy it (naming what there is),
-        ResourceExhausted when max_queue requests wait already."""
+        ResourceExhausted when max_queue requests (max_queue_per_policy of its policy) wait already."""
         rid = request_id or uuid.uuid4().hex
         status, passed = await self._call(
             "submit", rid, r.policy, r.worker, r.phase, r.run_id, r.devices, r.min_memory_bytes, int(r.same_node),
-            r.ttl_ms, r.wait_ms + LINGER_MS, repr(r.weight), self.settings.max_queue)
+            r.ttl_ms, r.wait_ms + LINGER_MS, repr(r.weight), self.settings.max_queue,
+            self.settings.max_queue_per_policy)
         if status[0] == "impossible":
             raise FailedPrecondition(f"request of {r.policy!r} can never be granted: it {status[1]}; ask for "
                                      f"fewer devices or less memory, or register more")
         if status[0] == "full":
             raise ResourceExhausted(f"{self.settings.max_queue} requests wait already (MRL_MAX_QUEUE); retry later")
+        if status[0] == "full_policy":
+            raise ResourceExhausted(f"{self.settings.max_queue_per_policy} requests of {r.policy!r} wait already "
+                                    f"(MRL_MAX_QUEUE_PER_POLICY); retry when some are granted")
         if status[0] == "duplicate":
             raise InvalidArgument(f"request id {rid!r} is in use")
         mine = next((g for g in passed.grants if g.lease_id == rid), None)

@@ -49,13 +49,15 @@ if OP == 'register' then
 
 elseif OP == 'submit' then
   -- ARGV[A..]: rid, policy, worker, phase, run, devices, min memory, same node (0/1), ttl ms,
-  -- linger ms (the request is dropped that long after now: its waiter has gone), weight, most queued
+  -- linger ms (the request is dropped that long after now: its waiter has gone), weight, most queued,
+  -- most queued of one policy
   local rid, p = ARGV[A], ARGV[A + 1]
   local entry = table.concat({rid, ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8], NOW, ARGV[A + 3],
                               ARGV[A + 2], ARGV[A + 4]}, ' ')
   local ok, why = possible(parse(entry, p))
   if not ok then return {{'impossible', why}, {}} end
   if redis.call('ZCARD', key('reqdl')) >= tonumber(ARGV[A + 11]) then return {{'full'}, {}} end
+  if redis.call('LLEN', key('q:' .. p)) >= tonumber(ARGV[A + 12]) then return {{'full_policy'}, {}} end
   if redis.call('EXISTS', key('req:' .. rid), key('lease:' .. rid), key('ended:' .. rid)) > 0 then
     return {{'duplicate'}, {}}
   end

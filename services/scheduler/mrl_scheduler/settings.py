@@ -56,6 +56,8 @@ class SchedulerSettings(ServerSettings):
     max_devices: int = Field(1024, gt=0, description="Most devices in one request.")
     max_step_cost: float = Field(1e6, gt=0, description="Largest declared step_cost.")
     max_queue: int = Field(100_000, gt=0, description="Most requests waiting in the namespace.")
+    max_queue_per_policy: int = Field(10_000, gt=0, description="Most requests of one policy waiting in the "
+                                                                 "namespace, so one policy cannot fill the queue.")
     max_waiting: int = Field(4096, gt=0, description="Most Acquire calls waiting on this replica.")
     max_watchers: int = Field(256, gt=0, description="Most Watch streams open on this replica.")
     max_grants_per_pass: int = Field(512, gt=0, description="Most grants one scheduling pass makes (bounds the "
