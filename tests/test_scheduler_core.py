@@ -319,3 +319,26 @@ async def test_inventory_shares_and_queue_views(env):
     inv = await env.core.inventory()
     assert len(inv.devices) == 6 and inv.queued == 1 and len(inv.leases) == 1
     assert {d.kind for d in inv.devices} == {"slot"} and inv.leases[0].devices[0].memory_bytes in (16 * GiB, 80 * GiB)
+
+
+@pytest.mark.asyncio
+async def test_stop_ends_the_sweeper_even_when_its_cancel_comes_out_as_a_redis_error(redis_url):
+    """redis-py can turn a cancel inside a call into a connection error; stop() must not wait forever."""
+    import asyncio
+    from mrl.errors import Unavailable
+    from mrl_scheduler.dispatch import Dispatcher
+    env = Env(redis_url, sweep_interval_s=0.01)
+    in_tick = asyncio.Event()
+
+    async def tick():
+        in_tick.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise Unavailable("connection closed while reading") from None
+    env.core.tick = tick
+    dispatcher = Dispatcher(env.core)
+    await dispatcher.start()
+    await asyncio.wait_for(in_tick.wait(), 5)
+    await asyncio.wait_for(dispatcher.stop(), 10)
+    await env.core.close()

@@ -209,12 +209,15 @@ class Dispatcher:
                 watcher.offer(event)
 
     async def _sweep(self) -> None:
-        while True:
+        # The flag, not only the cancel, ends the loop: a cancel that lands inside a Redis call can come
+        # out of redis-py as a connection error (Unavailable), which the loop would otherwise outlive.
+        while not self._stopping:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
                 passed, gauges = await self.core.tick()
             except Unavailable as exc:
-                log.warning("sweep: %s", exc)
+                if not self._stopping:
+                    log.warning("sweep: %s", exc)
                 continue
             self.wake(passed)
             self.metrics.observe_gauges(gauges)
