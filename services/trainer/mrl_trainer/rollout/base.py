@@ -4,7 +4,7 @@ An engine returns, per generated token, log π_old(y_t | x, y_<t) under the samp
 distribution (logits / temperature), so that the trainer's ratio π_θ/π_old compares like with
 like and peers receive the producer's behaviour log-probs with each rollout.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = ["SamplingParams", "Sample", "RolloutEngine"]
@@ -26,7 +26,6 @@ class Sample:
     logprobs: list[float]
     text: str                      # decoded, special tokens skipped
     truncated: bool                # max_new_tokens reached before a stop token
-    meta: dict = field(default_factory=dict)
 
 
 class RolloutEngine(Protocol):
