@@ -5,7 +5,9 @@
     task                TaskSpec: the verifiable task family (train split; eval split held out)
     rollout             group size G, prompts per step, sampling
     loss                GRPO / GSPO / Dr.GRPO / DAPO knobs (DESIGN.md §5)
-    eval, checkpoint, metrics, exchange
+    sharing             the sharing mode (none, prp, xgrpo, sgt, hacpo), its peers and their wait
+    warm_start          an optional short supervised pass before RL (a policy built from scratch)
+    eval, checkpoint, metrics, exchange, scheduler
 
 `load_config(path)` reads a YAML file; relative paths in it are relative to that file.
 """
@@ -23,10 +25,12 @@ from mrl.experience import validate_name
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.losses import Aggregation, ImportanceLevel
 from mrl_trainer.policy import ModelSpec
+from mrl_trainer.sft import WarmStartConfig
+from mrl_trainer.sharing import SharingConfig
 from mrl_trainer.tasks import TaskSpec
 
 __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
-           "ExchangeConfig", "load_config"]
+           "ExchangeConfig", "SchedulerConfig", "load_config"]
 
 
 class _Section(BaseModel):
@@ -95,6 +99,15 @@ class ExchangeConfig(_Section):
     tokenizer_id: str = Field(description="THL name of this policy's tokenizer (e.g. smollm2, gpt2).")
 
 
+class SchedulerConfig(_Section):
+    target: str = Field(description="host:port of the lease scheduler (MWRA); rollout and update each run in a lease.")
+    token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
+    devices: int = Field(1, ge=1, description="Devices per lease (all at once: gang).")
+    ttl_s: float = Field(30.0, gt=0, le=3600, description="Lease TTL; renewed every TTL/3 while held.")
+    step_cost: float = Field(0.0, ge=0, description="Declared cost per step: the fair-share weight unless the "
+                                                   "scheduler's MRL_WEIGHTS names this policy.")
+
+
 class TrainerConfig(_Section):
     run_id: str = Field("default", description="The run all co-trained policies share.")
     policy: str = Field(description="This policy's id (names its streams and consumer group).")
@@ -110,6 +123,9 @@ class TrainerConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     exchange: ExchangeConfig | None = Field(None, description="Publish experience to this exchange (None: solo).")
+    sharing: SharingConfig = SharingConfig()
+    warm_start: WarmStartConfig | None = Field(None, description="Supervised warm start before RL (cached).")
+    scheduler: SchedulerConfig | None = Field(None, description="Lease devices from this scheduler (None: don't).")
 
     @field_validator("run_id", "policy")
     @classmethod
@@ -123,6 +139,11 @@ class TrainerConfig(_Section):
     def _engine_device(self):
         if self.rollout.engine == "sglang" and self.device == "cpu":
             raise ValueError("rollout.engine='sglang' needs a GPU: set device to auto/cuda or use engine 'hf'")
+        if self.sharing.mode != "none" and self.exchange is None:
+            raise ValueError(f"sharing.mode {self.sharing.mode!r} takes peers' experience from the exchange: "
+                             "configure `exchange` (target, tokenizer_id) or use sharing.mode 'none'")
+        if self.policy in self.sharing.peers:
+            raise ValueError(f"sharing.peers lists this policy itself ({self.policy!r}); list the other policies")
         return self
 
 

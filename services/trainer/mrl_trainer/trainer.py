@@ -1,20 +1,28 @@
-"""The training loop of one policy: rollout → reward → publish → update → checkpoint.
+"""The training loop of one policy: rollout → reward → publish → peers → update → checkpoint.
 
     step t:  problems   = task.batch(t, P)                       same prompts for every policy at step t
              y_1..y_G   ~ π_old(· | x)                           engine.generate, behaviour log-probs kept
              R_i        = verifier(x, y_i) ∈ [0, 1]
              publish    rollouts, group_stats, successes, policy_stats (when an exchange is configured)
-             A_i        = (R_i − mean R) / (std R + ε)           (Dr.GRPO: no std)
-             θ ← θ − lr ∇ L(θ)                                   L = policy_loss (GRPO / GSPO, DAPO clip-higher,
-                                                                 k3 KL to the initial policy when beta > 0)
+             peers      what the peers published for these prompt ids, waited for at most peer_wait_s,
+                        retokenized by THL (sharing modes other than none; peers.py)
+             plan       the sharing mode's advantages and extra sequences (sharing/): none is
+                        A_i = (R_i − mean R) / (std R + ε)       (Dr.GRPO: no std)
+             θ ← θ − lr ∇ L(θ)                                   L = the mode's own loss (GRPO / GSPO, DAPO
+                                                                 clip-higher, k3 KL when beta > 0) + its extra terms
              checkpoint every `checkpoint.every` steps
+
+Rollout and update each run inside a scheduler lease when `scheduler` is configured (MWRA).
 
 The batch is split into micro-batches of at most `loss.micro_batch_tokens` padded tokens; each
 micro-batch loss is normalised by the whole batch's totals, so the accumulated gradient equals the
 full-batch gradient. With μ = updates_per_step = 1, π_old is π_θ detached (no extra forward).
 """
+import contextlib
 import copy
+import hashlib
 import logging
+import os
 import random
 import time
 
@@ -27,16 +35,17 @@ from mrl_trainer.config import TrainerConfig
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch, capability, step_experiences
 from mrl_trainer.logprobs import completion_logprobs
-from mrl_trainer.losses import group_advantages, policy_loss
 from mrl_trainer.metrics import MetricsSink
+from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
 from mrl_trainer.policy import load_policy, prompt_ids
 from mrl_trainer.rollout import SamplingParams, make_engine
+from mrl_trainer.sft import warm_start
+from mrl_trainer.sharing import PeerBatch, Plan, Verifier, make_sharing
 from mrl_trainer.tasks import Problem, make_task
 
 __all__ = ["Trainer", "micro_batches"]
 
 log = logging.getLogger("mrl.trainer")
-CAPABILITY_WINDOW = 5   # K in HACPO: steps in the capability window P̂
 
 
 def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
@@ -60,21 +69,62 @@ class Trainer:
         random.seed(config.seed)
         np.random.seed(config.seed)
         self.model, self.tokenizer = load_policy(config.model, self.device, seed=config.seed)
+        self.task = make_task(config.task)
+        found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
+        self.warm_start = None
+        if config.warm_start and not found:
+            key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
+                                  digest_size=8).hexdigest()
+            self.warm_start = warm_start(self.model, self.tokenizer, self.task, config.warm_start,
+                                         system_prompt=config.system_prompt, seed=config.seed, cache_key=key,
+                                         device=self.device)
         self.reference = (copy.deepcopy(self.model).eval().requires_grad_(False) if config.loss.beta > 0 else None)
         self.engine = make_engine(config.rollout.engine, self.model, self.tokenizer, config.rollout.max_batch)
-        self.task = make_task(config.task)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.loss.lr,
                                            weight_decay=config.loss.weight_decay)
         self.state = TrainState()
-        found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
         if found:
             self.state = load_checkpoint(found, self.model, self.optimizer)
             self.engine.sync_weights(self.model)
         self.exchange = exchange
+        self.sharing = make_sharing(config.sharing, config.loss)
+        self._closing = contextlib.ExitStack()
+        self.inbox = self.retokenize = self.scheduler = None
+        if self.sharing.kinds:
+            self.inbox = self._closing.enter_context(contextlib.closing(PeerInbox(
+                exchange, config.run_id, config.policy, self.sharing.kinds, config.sharing.peers,
+                config.sharing.max_staleness)))
+            self.retokenize = Retokenizer(config.exchange.tokenizer_id, self._align_client())
+        if config.scheduler:
+            from mrl.scheduler_client import SchedulerClient
+            self.scheduler = self._closing.enter_context(SchedulerClient(
+                config.scheduler.target, config.scheduler.token or os.environ.get("MRL_TOKEN"),
+                run_id=config.run_id, policy=config.policy))
         self.metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
                                    config.metrics.prometheus_port, config.metrics.tensorboard)
         self.resumed_from = found
         self._saved_step = self.state.step if found else None
+
+    def _align_client(self):
+        align = self.cfg.sharing.align
+        if align is None:
+            return None
+        from mrl.align_client import AlignClient
+        token = align.token or self.cfg.exchange.token or os.environ.get("MRL_TOKEN")
+        return self._closing.enter_context(AlignClient(align.target, token))
+
+    def _lease(self, phase: str):
+        """A scheduler lease for one phase (rollout / update), or nothing when no scheduler is configured."""
+        if self.scheduler is None:
+            return contextlib.nullcontext()
+        s = self.cfg.scheduler
+        return self.scheduler.lease(devices=s.devices, phase=phase, ttl_s=s.ttl_s, step_cost=s.step_cost)
+
+    def _capability(self) -> float:
+        return capability(self.state.batch_rewards, self.cfg.sharing.hacpo.window)
+
+    def _verifier(self, batch: StepBatch) -> Verifier:
+        return Verifier(batch, lambda problem, text: self._verify(problem, text)[0])
 
     # --- one step -------------------------------------------------------------------------------
     def _prompt(self, problem: Problem) -> list[int]:
@@ -106,50 +156,56 @@ class Trainer:
                          rewards=[[v[0] for v in group] for group in verified],
                          answers=[[v[1] for v in group] for group in verified])
 
-    def update(self, batch: StepBatch) -> dict[str, float]:
-        """μ optimizer updates on the batch; returns the loss statistics."""
+    def update(self, batch: StepBatch, plan: Plan | None = None) -> dict[str, float]:
+        """μ optimizer updates on the batch (own samples, and the plan's extra sequences); loss statistics."""
         loss_cfg, pad = self.cfg.loss, self.tokenizer.pad_token_id
-        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float32),
-                                      scale=loss_cfg.scale_rewards).flatten()           # (N,)
+        plan = plan or self.sharing.plan(batch, PeerBatch(), capability=self._capability(), verify=self._verifier(batch))
         flat = [s for group in batch.samples for s in group]
-        totals = dict(num_sequences=len(flat), num_tokens=sum(len(s.ids) for s in flat))
+        own_prompts = [group[0].prompt_ids for group in batch.samples]
         # With beta = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the
-        # batch totals above stay whole), so only the others are forwarded: same update, less compute.
-        active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or advantages[i] != 0)]
-        if not active:
-            return {"skipped": 1.0}
-        advantages = advantages[active]
-        prompts, completions = [flat[i].prompt_ids for i in active], [flat[i].ids for i in active]
-        groups = micro_batches([len(p) + len(c) for p, c in zip(prompts, completions)], loss_cfg.micro_batch_tokens)
-        temperature = self.cfg.rollout.temperature
+        # plan's totals stay whole), so only the others are forwarded: same update, less compute.
+        active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or plan.advantages[i] != 0)]
+        extras = [e for e in plan.extras if e.ids]
+        if not active and not extras:
+            return {"skipped": 1.0, **plan.stats}
+        advantages = plan.advantages[active]
+        own = ([flat[i].prompt_ids for i in active], [flat[i].ids for i in active])
+        peer = ([own_prompts[e.prompt_index] for e in extras], [e.ids for e in extras])
+        budget, temperature, max_tokens = loss_cfg.micro_batch_tokens, self.cfg.rollout.temperature, \
+            self.cfg.rollout.max_new_tokens
+        own_groups = micro_batches([len(p) + len(c) for p, c in zip(*own)], budget)
+        extra_groups = micro_batches([len(p) + len(c) for p, c in zip(*peer)], budget)
         old = None
         if loss_cfg.updates_per_step > 1:
             with torch.no_grad():
-                old = [completion_logprobs(self.model, [prompts[i] for i in g], [completions[i] for i in g], pad,
-                                           temperature)[0] for g in groups]
+                old = [completion_logprobs(self.model, [own[0][i] for i in g], [own[1][i] for i in g], pad,
+                                           temperature)[0] for g in own_groups]
         sums: dict[str, float] = {}
-        for _ in range(loss_cfg.updates_per_step):
+        per_sequence: dict[str, list] = {}
+        for m in range(loss_cfg.updates_per_step):
             loss_total = 0.0
-            for k, g in enumerate(groups):
-                mb_prompts, mb_completions = [prompts[i] for i in g], [completions[i] for i in g]
+            for k, g in enumerate(own_groups):
+                mb_prompts, mb_completions = [own[0][i] for i in g], [own[1][i] for i in g]
                 logp, mask = completion_logprobs(self.model, mb_prompts, mb_completions, pad, temperature)
                 ref = None
                 if self.reference is not None:
                     with torch.no_grad():
                         ref = completion_logprobs(self.reference, mb_prompts, mb_completions, pad, temperature)[0]
-                loss, stats = policy_loss(
-                    logp, logp.detach() if old is None else old[k], advantages[g].to(logp.device), mask,
-                    ref_logp=ref, beta=loss_cfg.beta, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-                    level=loss_cfg.level, aggregation=loss_cfg.aggregation,
-                    max_tokens=self.cfg.rollout.max_new_tokens, **totals)
-                if not torch.isfinite(loss):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise TrainerError(f"non-finite loss ({loss.item()}) at step {batch.step}: no update was "
-                                       f"applied; lower loss.lr or check the rewards and the model's dtype")
-                loss.backward()
-                loss_total += loss.item()
+                loss, stats = self.sharing.own_loss(logp, logp.detach() if old is None else old[k],
+                                                    advantages[g].to(logp.device), mask, ref_logp=ref,
+                                                    max_tokens=max_tokens, totals=plan.totals)
+                loss_total += self._backward(loss, batch.step)
                 for name, value in stats.items():
                     sums[name] = sums.get(name, 0.0) + value * len(g) / len(active)
+            for g in extra_groups:
+                logp, mask = completion_logprobs(self.model, [peer[0][i] for i in g], [peer[1][i] for i in g], pad,
+                                                 temperature)
+                loss, stats = self.sharing.extra_loss(logp, mask, [extras[i] for i in g], update=m,
+                                                      max_tokens=max_tokens, totals=plan.extra_totals)
+                loss_total += self._backward(loss, batch.step)
+                if m == 0:
+                    for name, values in stats.items():
+                        per_sequence.setdefault(name, []).append(values.detach().cpu())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -157,7 +213,18 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.engine.sync_weights(self.model)
-        return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(active) / len(flat), **sums}
+        if per_sequence:
+            sums.update(self.sharing.summarize({k: torch.cat(v) for k, v in per_sequence.items()}))
+        return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(active) / len(flat),
+                "extras": len(extras), **plan.stats, **sums}
+
+    def _backward(self, loss: torch.Tensor, step: int) -> float:
+        if not torch.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainerError(f"non-finite loss ({loss.item()}) at step {step}: no update was "
+                               f"applied; lower loss.lr or check the rewards and the model's dtype")
+        loss.backward()
+        return loss.item()
 
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out (eval split) problems."""
@@ -169,31 +236,40 @@ class Trainer:
     def step(self) -> dict:
         t = self.state.step
         start = time.perf_counter()
-        batch = self.rollout(t)
+        with self._lease("rollout"):
+            batch = self.rollout(t)
         rollout_s = time.perf_counter() - start
         flat_rewards = [r for group in batch.rewards for r in group]
         n_samples = len(flat_rewards)
         tokens = sum(len(s.ids) for group in batch.samples for s in group)
         self.state.rollouts_total += n_samples
-        self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[-CAPABILITY_WINDOW:]
+        window = self.cfg.sharing.hacpo.window
+        self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[-window:]
         published = 0
         if self.exchange is not None:
             published = self.publish(step_experiences(
                 batch, run_id=self.cfg.run_id, policy=self.cfg.policy, version=t,
                 tokenizer_id=self.cfg.exchange.tokenizer_id, batch_rewards=self.state.batch_rewards,
-                window=CAPABILITY_WINDOW, rollouts_per_s=n_samples / rollout_s, tokens_per_s=tokens / rollout_s,
+                window=window, rollouts_per_s=n_samples / rollout_s, tokens_per_s=tokens / rollout_s,
                 rollouts_total=self.state.rollouts_total))
+        peer_stats, peers = {}, PeerBatch()
+        if self.inbox is not None:
+            prompt_ids = [p.prompt_id for p in batch.problems]
+            arrived = self.inbox.collect(t, prompt_ids, self.cfg.sharing.peer_wait_s)
+            peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
+        plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
         start = time.perf_counter()
-        stats = self.update(batch)
+        with self._lease("update"):
+            stats = self.update(batch, plan)
         update_s = time.perf_counter() - start
         self.state.step = t + 1
         record = {"reward_mean": self.state.batch_rewards[-1],
                   "accuracy": sum(r >= 1.0 for r in flat_rewards) / n_samples,
-                  "capability": capability(self.state.batch_rewards, CAPABILITY_WINDOW),
+                  "capability": self._capability(), "sharing": self.sharing.name,
                   "rollouts_total": self.state.rollouts_total, "tokens": tokens,
                   "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
                   "rollout_s": rollout_s, "update_s": update_s, "tokens_per_s": tokens / rollout_s,
-                  "published": published, **stats}
+                  "published": published, **peer_stats, **stats}
         self.metrics.log(t, **record)
         return record
 
@@ -253,5 +329,6 @@ class Trainer:
         return self.state
 
     def close(self) -> None:
+        self._closing.close()
         self.metrics.close()
         getattr(self.engine, "close", lambda: None)()    # SGLang's subprocesses; HF has nothing to free

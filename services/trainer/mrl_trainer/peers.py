@@ -1,0 +1,204 @@
+"""Peer experience for one policy: a background subscription to the exchange, and THL retokenization.
+
+    inbox = PeerInbox(exchange, run_id, policy, kinds, peers, max_staleness)
+    arrived = inbox.collect(step, prompt_ids, timeout_s)     # waits at most timeout_s, never longer
+    batch  = to_peer_batch(arrived, prompt_ids, retokenizer)  # peers' responses in this policy's tokens
+
+Coordination by global prompt id: every policy sees the same prompt ids at step t, so policy k's
+step t needs its peers' experience of those ids. A (prompt, producer) pair is *complete* when
+its group_stats has arrived and, for the kinds subscribed, all of its rollouts (one per reward)
+and successes (one per reward ≥ 1). `collect` returns when every expected producer (the
+configured peers; with none configured, at least one producer) is complete for every prompt, or
+when the timeout passes, whichever is first: a slow or dead peer never blocks a policy.
+
+Staleness: an experience whose policy version is below (own step − max_staleness) is dropped on
+arrival and pruned while waiting. Deliveries are acked once used or dropped (at-least-once: what
+a crashed trainer had not acked is delivered again).
+"""
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from mrl.errors import MrlError
+from mrl.experience import kind_of
+from mrl_trainer.errors import TrainerError
+from mrl_trainer.sharing import PeerBatch, PeerSample
+
+__all__ = ["PeerInbox", "Arrived", "Retokenizer", "to_peer_batch"]
+
+log = logging.getLogger("mrl.trainer.peers")
+
+
+@dataclass
+class _Entry:
+    """One producer's experience of one prompt."""
+    version: int
+    group_rewards: list[float] | None = None
+    rollouts: list = field(default_factory=list)      # (version, pb.Rollout)
+    successes: list = field(default_factory=list)     # (version, pb.VerifiedSuccess)
+    deliveries: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Arrived:
+    """What `collect` returns: per prompt id, per producer, the entry; the peers' capabilities; wait stats."""
+    entries: dict[str, dict[str, _Entry]]
+    capability: dict[str, float]
+    waited_s: float
+    complete: float          # share of (prompt, expected producer) pairs complete at return
+
+
+class PeerInbox:
+    def __init__(self, exchange, run_id: str, policy: str, kinds: tuple[str, ...], peers: list[str],
+                 max_staleness: int):
+        self.kinds = tuple(sorted({*kinds, "group_stats"}))   # group_stats says how many rollouts to expect
+        self.peers, self.max_staleness = list(peers), max_staleness
+        self._floor = 0
+        self._entries: dict[str, dict[str, _Entry]] = collections.defaultdict(dict)
+        self._capability: dict[str, tuple[int, float]] = {}
+        self._cond = threading.Condition()
+        self._error: Exception | None = None
+        self._sub = exchange.subscribe(run_id, policy, kinds=self.kinds, producers=self.peers, start="earliest",
+                                       max_in_flight=1024)
+        self._thread = threading.Thread(target=self._pump, name=f"peers-{policy}", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        try:
+            for delivery in self._sub:
+                self._add(delivery)
+        except MrlError as exc:
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _add(self, delivery) -> None:
+        e, kind = delivery.experience, kind_of(delivery.experience)
+        with self._cond:
+            if e.policy_version < self._floor:
+                self._ack([delivery.delivery_id])
+                return
+            if kind == "policy_stats":
+                if e.policy_version >= self._capability.get(e.producer, (-1, 0.0))[0]:
+                    self._capability[e.producer] = (e.policy_version, e.policy_stats.capability)
+                self._ack([delivery.delivery_id])
+                return
+            payload = getattr(e, kind)
+            entry = self._entries[payload.prompt_id].setdefault(e.producer, _Entry(e.policy_version))
+            if kind == "group_stats":
+                entry.group_rewards = list(payload.rewards)
+            else:
+                (entry.rollouts if kind == "rollout" else entry.successes).append((e.policy_version, payload))
+            entry.deliveries.append(delivery.delivery_id)
+            self._cond.notify_all()
+
+    def _ack(self, delivery_ids: list[str]) -> None:
+        if delivery_ids:
+            try:
+                self._sub.ack(delivery_ids)
+            except MrlError as exc:   # not fatal: unacked entries are delivered again, and dropped again
+                log.warning("could not ack %d peer deliveries: %s", len(delivery_ids), exc)
+
+    def _complete(self, entry: _Entry) -> bool:
+        if entry.group_rewards is None:
+            return False
+        if "rollout" in self.kinds and len(entry.rollouts) < len(entry.group_rewards):
+            return False
+        return "success" not in self.kinds or len(entry.successes) >= sum(r >= 1.0 for r in entry.group_rewards)
+
+    def _progress(self, prompt_ids: list[str]) -> tuple[int, int]:
+        """(complete pairs, expected pairs) over the prompts and the expected producers."""
+        done = 0
+        for pid in prompt_ids:
+            by_producer = self._entries.get(pid, {})
+            if self.peers:
+                done += sum(p in by_producer and self._complete(by_producer[p]) for p in self.peers)
+            else:
+                done += any(self._complete(x) for x in by_producer.values())
+        return done, len(prompt_ids) * max(len(self.peers), 1)
+
+    def _prune(self) -> None:
+        stale = []
+        for pid, by_producer in list(self._entries.items()):
+            for producer, entry in list(by_producer.items()):
+                if entry.version < self._floor:
+                    stale += entry.deliveries
+                    del by_producer[producer]
+            if not by_producer:
+                del self._entries[pid]
+        self._ack(stale)
+
+    def collect(self, step: int, prompt_ids: list[str], timeout_s: float) -> Arrived:
+        """The peers' experience of these prompts: waits until complete or `timeout_s`, then takes what arrived."""
+        start = time.monotonic()
+        with self._cond:
+            self._floor = step - self.max_staleness
+            self._prune()
+            while True:
+                if self._error is not None:
+                    raise TrainerError(f"the subscription to the peers' experience failed: {self._error}")
+                done, expected = self._progress(prompt_ids)
+                left = timeout_s - (time.monotonic() - start)
+                if done == expected or left <= 0:
+                    break
+                self._cond.wait(left)
+            taken = {pid: self._entries.pop(pid) for pid in prompt_ids if pid in self._entries}
+            self._ack([d for by_producer in taken.values() for entry in by_producer.values() for d in entry.deliveries])
+            capability = {producer: value for producer, (_, value) in self._capability.items()}
+        return Arrived(taken, capability, time.monotonic() - start, done / expected)
+
+    def close(self) -> None:
+        self._sub.close()
+        self._thread.join(timeout=5)
+
+
+class Retokenizer:
+    """Peers' token ids → this policy's, through THL (`mrl.align_client.AlignClient`); identity for the same tokenizer."""
+
+    def __init__(self, tokenizer_id: str, align_client=None):
+        self.tokenizer_id, self.client = tokenizer_id, align_client
+
+    def __call__(self, items: list[tuple[str, list[int]]]) -> tuple[list[list[int]], dict[str, float]]:
+        """[(source tokenizer id, ids)] → ([own ids], THL residual stats over the ones that needed THL)."""
+        out: list[list[int] | None] = [list(ids) if tid == self.tokenizer_id else None for tid, ids in items]
+        todo = [i for i, ids in enumerate(out) if ids is None]
+        if not todo:
+            return out, {}
+        if self.client is None:
+            foreign = sorted({items[i][0] for i in todo})
+            raise TrainerError(f"peers use tokenizer(s) {foreign}, this policy uses {self.tokenizer_id!r}: set "
+                               f"sharing.align.target to a THL service (mrl align serve) to retokenize them")
+        from mrl.align_client import AlignJob
+        try:
+            aligned = self.client.align_batch([AlignJob(items[i][0], items[i][1], self.tokenizer_id) for i in todo])
+        except MrlError as exc:
+            raise TrainerError(f"THL could not retokenize the peers' responses: {exc}") from exc
+        for i, a in zip(todo, aligned):
+            out[i] = a.target_ids
+        n = len(aligned)
+        return out, {"thl_one_to_one": sum(a.residual.one_to_one_share for a in aligned) / n,
+                     "thl_lossless": sum(a.lossless for a in aligned) / n,
+                     "thl_tokens_per_chunk": sum(a.residual.mean_target_tokens_per_chunk for a in aligned) / n}
+
+
+def to_peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict]:
+    """The arrived experience as a PeerBatch in this policy's tokens, and stats (peer_wait_s, peers_complete, thl_*)."""
+    batch = PeerBatch(capability=dict(arrived.capability))
+    pending = []     # (target dict, prompt index, producer, version, payload, behaviour mean log-prob)
+    for p, pid in enumerate(prompt_ids):
+        for producer, entry in arrived.entries.get(pid, {}).items():
+            if entry.group_rewards is not None:
+                batch.group_rewards.setdefault(p, []).extend(entry.group_rewards)
+            for version, r in entry.rollouts:
+                if r.logprobs and len(r.logprobs) == len(r.token_ids):   # ρ needs the behaviour log-probs
+                    pending.append((batch.rollouts, p, producer, version, r, sum(r.logprobs) / len(r.logprobs)))
+            for version, s in entry.successes:
+                pending.append((batch.successes, p, producer, version, s, 0.0))
+    ids, stats = retokenize([(x[4].tokenizer_id, list(x[4].token_ids)) for x in pending])
+    for (target, p, producer, version, payload, mean_logp), own_ids in zip(pending, ids):
+        target.setdefault(p, []).append(PeerSample(
+            producer=producer, prompt_index=p, ids=own_ids, text=payload.response_text, reward=payload.reward,
+            behaviour_mean_logp=mean_logp, version=version))
+    return batch, {"peer_wait_s": arrived.waited_s, "peers_complete": arrived.complete, **stats}

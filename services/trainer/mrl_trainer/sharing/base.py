@@ -1,0 +1,114 @@
+"""What every sharing mode shares: peer experience in this policy's tokens, the update plan, the base mode.
+
+A step of policy k with a sharing mode (DESIGN.md §5):
+
+    own batch     P prompts × G samples, rewards R, behaviour log-probs          (StepBatch)
+    peers         what the peers published for the same prompt ids, retokenized   (PeerBatch)
+    plan          mode.plan(batch, peers) → own advantages A, extra sequences to   (Plan)
+                  forward (peer rollouts, rescued successes) and the whole-update normalisers
+    loss          Σ_micro-batches mode.own_loss(own) + mode.extra_loss(extras)
+
+The base class is solo GRPO/GSPO ("none"): own advantages within the own group, no extras.
+Every normaliser in a Plan is a whole-update total, so micro-batching leaves the gradient exact.
+"""
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from mrl_trainer.experience import StepBatch
+from mrl_trainer.losses import group_advantages, policy_loss
+
+__all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier"]
+
+
+@dataclass(frozen=True)
+class PeerSample:
+    """A peer's response to one of this step's prompts, already in this policy's token ids (THL)."""
+    producer: str
+    prompt_index: int                # index into StepBatch.problems
+    ids: list[int]                   # this policy's tokens of the response (THL-retokenized)
+    text: str
+    reward: float                    # the producer's claimed reward (SGT never trusts it)
+    behaviour_mean_logp: float       # (1/|y|_j) Σ_t log π_old^j(y_t): over the producer's own tokens
+    version: int                     # the producer's policy version when it sampled
+
+
+@dataclass
+class PeerBatch:
+    """The peer experience that arrived in time for one step, indexed by prompt index."""
+    rollouts: dict[int, list[PeerSample]] = field(default_factory=dict)
+    successes: dict[int, list[PeerSample]] = field(default_factory=dict)
+    group_rewards: dict[int, list[float]] = field(default_factory=dict)   # peers' group_stats, concatenated
+    capability: dict[str, float] = field(default_factory=dict)           # producer → P̂^j (latest policy_stats)
+
+
+@dataclass(frozen=True)
+class Extra:
+    """One extra sequence to forward under π_θ^k: a peer rollout (PRP, HACPO) or a rescued success (SGT)."""
+    prompt_index: int
+    ids: list[int]
+    advantage: float = 0.0
+    behaviour_mean_logp: float = 0.0
+    weight: float = 1.0              # HACPO: ω^(j,k)
+
+
+@dataclass
+class Plan:
+    """What one update needs: own advantages (N,), extras, the whole-update normalisers, and stats."""
+    advantages: Tensor
+    extras: list[Extra] = field(default_factory=list)
+    totals: dict = field(default_factory=dict)          # num_sequences / num_tokens for the own (pooled) loss
+    extra_totals: dict = field(default_factory=dict)    # the extras' normalisers, when they differ
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Verifier:
+    """This policy's own verifier: reward(prompt_index, text) ∈ [0, 1] (SGT re-verifies with it)."""
+
+    def __init__(self, batch: StepBatch, reward):
+        self._batch, self._reward = batch, reward
+
+    def __call__(self, prompt_index: int, text: str) -> float:
+        return self._reward(self._batch.problems[prompt_index], text)
+
+
+class SharingMode:
+    """none: solo GRPO / GSPO. Subclasses override `kinds`, `plan` and `extra_loss`."""
+    name: ClassVar[str] = "none"
+    kinds: ClassVar[tuple[str, ...]] = ()      # experience kinds taken from peers
+
+    def __init__(self, sharing, loss):
+        """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig."""
+        self.sharing, self.loss = sharing, loss
+
+    def own_totals(self, batch: StepBatch) -> dict:
+        flat = [s for group in batch.samples for s in group]
+        return dict(num_sequences=len(flat), num_tokens=sum(len(s.ids) for s in flat))
+
+    def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
+        """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std)."""
+        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float32),
+                                      scale=self.loss.scale_rewards).flatten()
+        return Plan(advantages, totals=self.own_totals(batch))
+
+    def own_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
+                 max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
+        """The trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss config)."""
+        cfg = self.loss
+        return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=cfg.beta, eps_low=cfg.eps_low,
+                           eps_high=cfg.eps_high, level=cfg.level, aggregation=cfg.aggregation,
+                           max_tokens=max_tokens, **totals)
+
+    def extra_loss(self, logp: Tensor, mask: Tensor, extras: list[Extra], *, update: int, max_tokens: int,
+                   totals: dict) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss term of a micro-batch of extras, and per-sequence statistics (name → (n,), detached).
+
+        `update` = m, the optimizer updates already made this step; `totals` = the plan's extra_totals.
+        """
+        raise NotImplementedError(f"sharing mode {self.name!r} forwards no extra sequences")
+
+    def summarize(self, per_sequence: dict[str, Tensor]) -> dict[str, float]:
+        """The step's statistics from the extras' per-sequence values (all micro-batches concatenated)."""
+        return {name: values.float().mean().item() for name, values in per_sequence.items()}

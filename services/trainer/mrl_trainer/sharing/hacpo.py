@@ -1,0 +1,134 @@
+"""HACPO — Heterogeneous Agent Collaborative Policy Optimization (the HACRL paper and its public code).
+
+Capability P̂^k = mean of k's batch mean reward over a sliding window of K steps (current
+included; `window`), published by every policy in its policy_stats. Capability ratio
+
+    ω^(k,j) = clamp(P̂^k / P̂^j, 0.1, 10),      ω^(k,k) = 1
+
+Mixed baseline for k on prompt x over the n pooled samples (own G and the peers' rollouts of x):
+
+    μ̂ = (1/n) Σ_j Σ_i ω^(k,j) R(y_i^j),   σ = std of the n rewards,   A = (R − μ̂) / (σ + ε)
+
+for own and peer samples alike. Safeguards: all n rewards equal → A = 0; μ̂ > 1 → μ̂ = k's own
+group mean. Own samples take the GSPO loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
+A peer sample y^j (k's tokens, THL-retokenized) takes exponential importance sampling with
+stepwise clipping, no min():
+
+    s     = exp( (1/|y|_k) Σ_t log π_θ^k(y_t) − (1/|y|_j) Σ_t log π_old^j(y_t) )    each side over its own tokens
+    s̄     = clip(s, 1 − δ + m·δ_step, 1)        m = optimizer updates already made this step (lower bound ≤ 1)
+    l     = −s̄ · sg[s̄]^α · ω^(j,k) · A
+
+Both terms are aggregated like the trainer's loss with the pooled totals. Stats: hacpo_omega_mean
+(mean ω^(j,k) over peer samples), hacpo_ratio_mean (s), hacpo_clipped (share of s outside the
+bounds), hacpo_lower_bound.
+"""
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from mrl_trainer.experience import StepBatch
+from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, masked_seq_mean, policy_loss
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
+
+__all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
+
+OMEGA_MIN, OMEGA_MAX = 0.1, 10.0
+
+
+class HACPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    alpha: float = Field(1.0, ge=0, description="α: exponent of the stopped-gradient weight sg[s̄]^α (1 or 3).")
+    delta: float = Field(0.2, gt=0, lt=1, description="δ: the peer ratio's lower clip bound starts at 1 − δ.")
+    delta_step: float = Field(0.01, ge=0, description="δ_step: the lower bound rises by this per optimizer update.")
+    window: int = Field(5, ge=1, description="K: steps in the capability window P̂.")
+    per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
+
+
+def capability_ratio(p_k: float, p_j: float) -> float:
+    """ω^(k,j) = clamp(P̂^k / P̂^j, 0.1, 10); two zero capabilities give 1."""
+    if p_j <= 0:
+        return 1.0 if p_k <= 0 else OMEGA_MAX
+    return min(max(p_k / p_j, OMEGA_MIN), OMEGA_MAX)
+
+
+def mixed_advantages(rewards: Tensor, omegas: Tensor, own: Tensor, scale: bool = True, eps: float = 1e-4) -> Tensor:
+    """A (n,) of one prompt's pooled samples: rewards, ω^(k,j) of each sample's producer, own (bool) mask."""
+    if bool((rewards == rewards[0]).all()):
+        return torch.zeros_like(rewards)
+    baseline = (omegas * rewards).mean()
+    if baseline > 1:
+        baseline = rewards[own].mean()
+    deviation = rewards - baseline
+    return deviation / (rewards.std() + eps) if scale and len(rewards) > 1 else deviation
+
+
+def stepwise_lower_bound(delta: float, delta_step: float, update: int) -> float:
+    """1 − δ + m·δ_step, at most 1."""
+    return min(1.0 - delta + update * delta_step, 1.0)
+
+
+def peer_loss(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, advantages: Tensor, weights: Tensor, *,
+              lower: float, alpha: float, aggregation: str, max_tokens: int | None = None,
+              num_sequences: int | None = None, num_tokens: int | None = None) -> tuple[Tensor, Tensor]:
+    """agg[ −s̄ sg[s̄]^α ω A ] broadcast over each sequence's tokens, and s (N,) detached.
+
+    logp, mask (N, T); behaviour_mean_logp, advantages, weights ω^(j,k) (N,).
+    """
+    ratio = torch.exp(masked_seq_mean(logp, mask) - behaviour_mean_logp)             # s (N,)
+    clipped = ratio.clamp(min=lower, max=1.0)
+    term = clipped * clipped.detach() ** alpha * weights * advantages
+    loss = aggregate(-term.unsqueeze(-1), mask, aggregation, max_tokens=max_tokens, num_sequences=num_sequences,
+                     num_tokens=num_tokens)
+    return loss, ratio.detach()
+
+
+class HACPO(SharingMode):
+    name = "hacpo"
+    kinds = ("rollout", "policy_stats")
+
+    def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
+        cfg = self.sharing.hacpo
+        own_advantages, extras, omega_used = [], [], []
+        n_peer = peer_tokens = 0
+        for p, group in enumerate(batch.rewards):
+            pooled = [s for s in peers.rollouts.get(p, []) if s.ids][:cfg.per_prompt]
+            omega_kj = [capability_ratio(capability, peers.capability.get(s.producer, capability)) for s in pooled]
+            advantages = mixed_advantages(
+                torch.tensor([*group, *(s.reward for s in pooled)], dtype=torch.float64),
+                torch.tensor([1.0] * len(group) + omega_kj, dtype=torch.float64),
+                torch.tensor([True] * len(group) + [False] * len(pooled)), scale=self.loss.scale_rewards)
+            own_advantages += advantages[:len(group)].tolist()
+            for s, a in zip(pooled, advantages[len(group):].tolist()):
+                n_peer, peer_tokens = n_peer + 1, peer_tokens + len(s.ids)
+                omega_jk = capability_ratio(peers.capability.get(s.producer, capability), capability)
+                omega_used.append(omega_jk)
+                if a != 0.0:
+                    extras.append(Extra(prompt_index=p, ids=s.ids, advantage=a,
+                                        behaviour_mean_logp=s.behaviour_mean_logp, weight=omega_jk))
+        totals = self.own_totals(batch)
+        totals = dict(num_sequences=totals["num_sequences"] + n_peer, num_tokens=totals["num_tokens"] + peer_tokens)
+        stats = {"peer_samples": n_peer}
+        if omega_used:
+            stats["hacpo_omega_mean"] = sum(omega_used) / len(omega_used)
+        return Plan(torch.tensor(own_advantages, dtype=torch.float32), extras=extras, totals=totals,
+                    extra_totals=totals, stats=stats)
+
+    def own_loss(self, logp, old_logp, advantages, mask, *, ref_logp, max_tokens, totals):
+        """GSPO on own samples: sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL only here."""
+        return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=self.loss.beta,
+                           eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH, level="sequence",
+                           aggregation=self.loss.aggregation, max_tokens=max_tokens, **totals)
+
+    def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
+        cfg = self.sharing.hacpo
+        lower = stepwise_lower_bound(cfg.delta, cfg.delta_step, update)
+        tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731
+        loss, ratio = peer_loss(logp, mask, tensor([e.behaviour_mean_logp for e in extras]),
+                                tensor([e.advantage for e in extras]), tensor([e.weight for e in extras]),
+                                lower=lower, alpha=cfg.alpha, aggregation=self.loss.aggregation,
+                                max_tokens=max_tokens, **totals)
+        return loss, {"ratio": ratio, "clipped": ((ratio < lower) | (ratio > 1.0)).float(),
+                      "lower_bound": torch.full_like(ratio, lower)}
+
+    def summarize(self, per_sequence):
+        return {f"hacpo_{name}": values.float().mean().item() for name, values in per_sequence.items()}

@@ -1,0 +1,88 @@
+"""PRP — Peer Rollout Pooling (data level; the Mutual RL paper).
+
+Peers' rollouts for the same prompt, retokenized into policy k's tokens by THL, join k's group
+as extra trajectories; advantages are computed over the pooled group:
+
+    pool_x = {y_i^k}_{i ≤ G} ∪ {y^j : peer rollouts of x}
+    A      = (R − mean_pool R) / (std_pool R + ε)                 own and peer samples alike
+
+Own samples keep the trainer's GRPO-family clipped surrogate. A peer sample y (sampled by π^j)
+is weighted by a sequence-level, length-normalised density ratio, truncated at c and used as a
+stopped-gradient weight (a truncated importance-sampled policy gradient):
+
+    log ρ = (1/|y|_k) Σ_t log π_θ^k(y_t)  −  (1/|y|_j) Σ_t log π_old^j(y_t)     each side over its own tokens
+    ρ̄     = min(ρ, c)
+    l_t   = −sg[ρ̄] · A · log π_θ^k(y_t)                                          on k's tokens of y
+
+Both parts are aggregated like the trainer's loss with the pooled totals (own + peer sequences
+and tokens), so a peer trajectory counts as one more member of the group. PRP pays density-ratio
+variance and the THL residual; both are logged: prp_rho_mean, prp_log_rho_var, prp_truncated
+(share with ρ > c), and the trainer's thl_* residual statistics.
+"""
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from mrl_trainer.experience import StepBatch
+from mrl_trainer.losses import aggregate, group_advantages, masked_seq_mean
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
+
+__all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
+
+
+class PRPConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    c: float = Field(1.0, gt=0, description="Truncation of the peer density ratio: ρ̄ = min(ρ, c).")
+    per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
+
+
+def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, c: float) -> tuple[Tensor, Tensor]:
+    """(log ρ, ρ̄) per sequence (N,): log ρ = masked mean log π_θ^k − behaviour mean log π^j; ρ̄ = min(e^{log ρ}, c)."""
+    log_rho = masked_seq_mean(logp.detach(), mask) - behaviour_mean_logp
+    return log_rho, torch.exp(log_rho).clamp(max=c)
+
+
+def peer_rollout_loss(logp: Tensor, mask: Tensor, advantages: Tensor, weights: Tensor, aggregation: str, *,
+                      max_tokens: int | None = None, num_sequences: int | None = None,
+                      num_tokens: int | None = None) -> Tensor:
+    """agg_{i,t}[ −sg[ρ̄_i] A_i log π_θ(y_{i,t}) ]: logp, mask (N, T); advantages, weights ρ̄ (N,)."""
+    per_token = -(weights.detach() * advantages).unsqueeze(-1) * torch.where(mask.bool(), logp, 0.0)
+    return aggregate(per_token, mask, aggregation, max_tokens=max_tokens, num_sequences=num_sequences,
+                     num_tokens=num_tokens)
+
+
+class PRP(SharingMode):
+    name = "prp"
+    kinds = ("rollout",)
+
+    def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
+        rewards, groups, members = [], [], []          # members: None for own, the PeerSample for a peer
+        for p, group in enumerate(batch.rewards):
+            pooled = [s for s in peers.rollouts.get(p, []) if s.ids][:self.sharing.prp.per_prompt]
+            rewards += [*group, *(s.reward for s in pooled)]
+            groups += [p] * (len(group) + len(pooled))
+            members += [None] * len(group) + pooled
+        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(groups),
+                                      scale=self.loss.scale_rewards)
+        own = torch.tensor([m is None for m in members])
+        peer = [(m, a) for m, a in zip(members, advantages.tolist()) if m is not None]
+        totals = self.own_totals(batch)
+        totals = dict(num_sequences=totals["num_sequences"] + len(peer),
+                      num_tokens=totals["num_tokens"] + sum(len(m.ids) for m, _ in peer))
+        extras = [Extra(prompt_index=m.prompt_index, ids=m.ids, advantage=a, behaviour_mean_logp=m.behaviour_mean_logp)
+                  for m, a in peer if a != 0.0]      # a zero-advantage peer adds exactly nothing
+        return Plan(advantages[own], extras=extras, totals=totals, extra_totals=totals,
+                    stats={"peer_samples": len(peer)})
+
+    def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
+        behaviour = torch.tensor([e.behaviour_mean_logp for e in extras], device=logp.device)
+        advantages = torch.tensor([e.advantage for e in extras], device=logp.device)
+        log_rho, weights = truncated_ratio(logp, mask, behaviour, self.sharing.prp.c)
+        loss = peer_rollout_loss(logp, mask, advantages, weights, self.loss.aggregation, max_tokens=max_tokens,
+                                 **totals)
+        return loss, {"log_rho": log_rho}
+
+    def summarize(self, per_sequence: dict[str, Tensor]) -> dict[str, float]:
+        log_rho = per_sequence["log_rho"]
+        return {"prp_rho_mean": log_rho.exp().mean().item(), "prp_log_rho_var": log_rho.var(unbiased=False).item(),
+                "prp_truncated": (log_rho.exp() > self.sharing.prp.c).float().mean().item()}

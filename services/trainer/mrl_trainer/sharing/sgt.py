@@ -1,0 +1,66 @@
+"""SGT — Success-Gated Transfer (outcome level; the Mutual RL paper).
+
+Rescue set: the prompts where policy k's own group failed (own success rate ≤ τ; τ = 0 is "all
+failed") and a peer published a success. The receiver re-checks every peer success with ITS OWN
+verifier — a peer's claimed reward is never trusted — and keeps at most `per_prompt` accepted
+successes per rescued prompt. The loss is GRPO on own samples plus λ·NLL of the rescued
+responses in k's own tokens (THL-retokenized):
+
+    L = L_GRPO(own) + λ · (1/|S|) Σ_{y ∈ S} (1/|y|) Σ_t −log π_θ^k(y_t | x, y_<t)
+
+where S is the accepted rescue set of the step (λ = 0.1 by default). With S empty (every own
+group had a success, or every peer success failed re-verification) L = L_GRPO exactly.
+Stats: sgt_rescued (prompts rescued), sgt_accepted, sgt_rejected (peer successes that failed
+re-verification: a poisoned or differently-scored peer), sgt_nll.
+"""
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from mrl_trainer.experience import StepBatch
+from mrl_trainer.losses import masked_seq_mean
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
+
+__all__ = ["SGT", "SGTConfig", "rescue_nll"]
+
+
+class SGTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lam: float = Field(0.1, ge=0, description="λ: weight of the NLL of rescued peer successes.")
+    per_prompt: int = Field(1, ge=1, description="Most accepted peer successes used per rescued prompt.")
+    tau: float = Field(0.0, ge=0, le=1, description="Gate: rescue a prompt when the own success rate is ≤ τ "
+                                                    "(0: only when the whole own group failed).")
+
+
+def rescue_nll(logp: Tensor, mask: Tensor, lam: float, num_rescued: int) -> Tensor:
+    """λ · Σ_y [(1/|y|) Σ_t −log π_θ(y_t)] / |S| over this micro-batch's rescued responses (|S| = the step's)."""
+    return lam * (-masked_seq_mean(logp, mask)).sum() / max(num_rescued, 1)
+
+
+class SGT(SharingMode):
+    name = "sgt"
+    kinds = ("success",)
+
+    def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
+        plan = super().plan(batch, peers, capability=capability, verify=verify)
+        cfg = self.sharing.sgt
+        rescued = accepted = rejected = 0
+        for p, rewards in enumerate(batch.rewards):
+            if sum(r >= 1.0 for r in rewards) / len(rewards) > cfg.tau or not peers.successes.get(p):
+                continue
+            kept = []
+            for success in peers.successes[p]:
+                if verify(p, success.text) >= 1.0:
+                    accepted += 1
+                    if len(kept) < cfg.per_prompt and success.ids:
+                        kept.append(Extra(prompt_index=p, ids=success.ids))
+                else:
+                    rejected += 1
+            rescued += bool(kept)
+            plan.extras += kept
+        plan.extra_totals = {"num_rescued": len(plan.extras)}
+        plan.stats.update(sgt_rescued=rescued, sgt_accepted=accepted, sgt_rejected=rejected)
+        return plan
+
+    def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
+        loss = rescue_nll(logp, mask, self.sharing.sgt.lam, totals["num_rescued"])
+        return loss, {"sgt_nll": -masked_seq_mean(logp.detach(), mask)}
