@@ -44,7 +44,7 @@ def test_up_runs_the_topology_and_stops_cleanly_on_ctrl_c(tmp_path):
 
 
 def test_demo_delivers_every_peer_experience(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "mrl.cli", "demo", "--steps", "3", "--group-size", "4"],
+    out = subprocess.run([sys.executable, "-m", "mrl.cli", "demo", "--exchange", "--steps", "3", "--group-size", "4"],
                          capture_output=True, text=True, timeout=120, env={"MRL_DATA_DIR": str(tmp_path),
                                                                             "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

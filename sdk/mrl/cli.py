@@ -5,8 +5,11 @@
     mrl scheduler serve           run the GPU lease scheduler, MWRA (gRPC + REST admin)
     mrl trainer run CONFIG        train one policy (rollout → reward → publish → update → checkpoint)
     mrl trainer plot METRICS...   accuracy curves (PNG) from trainers' metrics.jsonl files
-    mrl up CONFIG                 run a topology locally as processes (Ctrl-C tears it down)
-    mrl demo                      the exchange end to end: two producers, two subscribers, a summary
+    mrl trainer report METRICS... an HTML report (PNG plots) of a multi-policy run
+    mrl up CONFIG                 run a topology locally as processes: Redis, services, N trainers
+    mrl demo                      mutual RL of two heterogeneous policies on CPU, with a report
+    mrl demo --exchange           the exchange alone: two producers, two subscribers, a summary
+    mrl experiment compare TOPO   the same pair under none, PRP, XGRPO, SGT and HACPO, compared
     mrl bench exchange            publish → deliver → ack throughput and latency vs raw redis-py
     mrl bench align               alignment throughput vs raw encoding on both sides
     mrl bench scheduler           simulated workers through the lease scheduler vs a naive FIFO
@@ -74,13 +77,28 @@ def main(argv: list[str] | None = None) -> None:
     trainer_plot = trainer_sub.add_parser("plot", help="plot accuracy curves from metrics.jsonl files")
     trainer_plot.add_argument("metrics", nargs="+", help="metrics.jsonl files (one curve per policy)")
     trainer_plot.add_argument("--out", required=True, help="the PNG to write")
+    trainer_report = trainer_sub.add_parser("report", help="an HTML report of a run from its metrics.jsonl files")
+    trainer_report.add_argument("metrics", nargs="+", help="metrics.jsonl files (one per policy)")
+    trainer_report.add_argument("--out", required=True, help="the folder to write index.html and PNGs into")
+
+    experiment = sub.add_parser("experiment", help="compare sharing modes on the same pair of policies")
+    experiment_sub = experiment.add_subparsers(dest="action", required=True)
+    compare = experiment_sub.add_parser("compare", help="run each sharing mode on a topology's trainers")
+    compare.add_argument("config", help="YAML topology with trainers, e.g. examples/mutual.yaml")
+    compare.add_argument("--modes", default="none,prp,xgrpo,sgt,hacpo", help="comma-separated; must include none")
+    compare.add_argument("--seeds", default="0", help="comma-separated seeds")
+    compare.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
+    compare.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a field of every trainer, e.g. --set steps=8")
 
     up = sub.add_parser("up", help="run a topology locally as processes")
     up.add_argument("config", help="YAML topology, e.g. examples/local.yaml")
 
-    demo = sub.add_parser("demo", help="run the exchange end to end and print a summary")
-    demo.add_argument("--steps", type=int, default=20)
-    demo.add_argument("--group-size", type=int, default=8)
+    demo = sub.add_parser("demo", help="mutual RL of two policies on CPU (examples/mutual.yaml), with a report")
+    demo.add_argument("topology", nargs="?", default="examples/mutual.yaml")
+    demo.add_argument("--exchange", action="store_true", help="instead: the exchange alone, with a summary")
+    demo.add_argument("--steps", type=int, default=20, help="--exchange: steps per producer")
+    demo.add_argument("--group-size", type=int, default=8, help="--exchange: samples per group")
 
     bench = sub.add_parser("bench", help="run a benchmark; ends with one JSON line")
     bench.add_argument("name", choices=list(_BENCHES))
@@ -103,13 +121,22 @@ def main(argv: list[str] | None = None) -> None:
         _load("mrl_scheduler.app", "scheduler").serve()
     elif args.command == "trainer" and args.action == "run":
         _load("mrl_trainer.app", "trainer").main(args.config, args.overrides)
-    elif args.command == "trainer":
+    elif args.command == "trainer" and args.action == "plot":
         _load("mrl_trainer.plot", "trainer").main(args.metrics, args.out)
+    elif args.command == "trainer":
+        _load("mrl_trainer.report", "trainer").main(args.metrics, args.out)
+    elif args.command == "experiment":
+        overrides = _load("mrl_trainer.app", "trainer").parse_overrides(args.overrides)
+        _load("mrl_trainer.experiment", "trainer").main(args.config, args.modes.split(","),
+                                                        [int(s) for s in args.seeds.split(",")], args.out, overrides)
     elif args.command == "up":
         from mrl.topology import up
         up(args.config)
-    elif args.command == "demo":
+    elif args.command == "demo" and args.exchange:
         _load("mrl_exchange.demo", "exchange").main(steps=args.steps, group_size=args.group_size)
+    elif args.command == "demo":
+        from mrl.topology import up
+        up(args.topology)
     elif args.command == "bench":
         module, package = _BENCHES[args.name]
         _load(module, package).main(quick=args.quick)

@@ -12,9 +12,18 @@ A topology file (examples/local.yaml):
       admin_port: 8081
     scheduler:
       slots: 4               # CPU-only: declared devices (GPUs are found by NVML)
+    run_id: local            # the run the trainers share
+    trainers:                # optional: N trainers (paths relative to this file), each with overrides
+      - config: policy-a.yaml
+        set: {sharing.mode: sgt}
+    report: report           # optional: an HTML report of the trainers' metrics, under data_dir
 
 Each service is a child process (`python -m mrl.cli ... serve`) that prints one JSON
-"ready" line with its ports; Ctrl-C (or SIGTERM) stops the children, then Redis.
+"ready" line with its ports. Each trainer is a child `mrl trainer run CONFIG` pointed at the
+services (exchange.target, sharing.align.target, scheduler.target), with its checkpoints and
+metrics under data_dir/<policy>/. With trainers, `up` returns when they have all finished
+(and the report is written); without, it serves until Ctrl-C. Ctrl-C (or SIGTERM) asks the
+trainers to finish their step and checkpoint, then stops the services, then Redis.
 """
 import contextlib
 import json
@@ -30,7 +39,9 @@ import yaml
 from mrl.child_process import die_with_parent
 from mrl.embedded_redis import EmbeddedRedis
 
-__all__ = ["ServiceProcess", "SERVICES", "spawn", "redis_for", "up"]
+__all__ = ["ServiceProcess", "SERVICES", "spawn", "redis_for", "up", "run_topology", "TRAINER_STOP_GRACE_S"]
+
+TRAINER_STOP_GRACE_S = 600   # a trainer asked to stop finishes its step and checkpoints first
 
 
 class ServiceProcess:
@@ -91,16 +102,48 @@ def redis_for(redis_url: str | None, data_dir: pathlib.Path):
             yield url
 
 
-def up(config_path: str) -> None:
-    config = yaml.safe_load(pathlib.Path(config_path).read_text()) or {}
-    valid = {"redis_url", "data_dir", *SERVICES}
+def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pathlib.Path,
+                       running: dict) -> tuple[str, str, dict]:
+    """(config path, policy, --set overrides) of one `trainers:` entry, pointed at the running services."""
+    if not isinstance(spec, dict) or "config" not in spec or set(spec) - {"config", "set"}:
+        raise SystemExit(f"each trainers entry needs `config` (a trainer YAML) and optional `set`; got {spec!r}")
+    path = base / spec["config"]
+    if not path.is_file():
+        raise SystemExit(f"trainer config {str(path)!r} does not exist")
+    policy = str((yaml.safe_load(path.read_text()) or {}).get("policy", path.stem))
+    overrides = {"run_id": run_id, "checkpoint.dir": str(data_dir / policy / "checkpoints"),
+                 "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False}
+    address = lambda name: f"127.0.0.1:{running[name].ready['grpc_port']}"  # noqa: E731
+    if "exchange" in running:
+        overrides["exchange.target"] = address("exchange")
+    if "tokenizer_align" in running:
+        overrides["sharing.align"] = {"target": address("tokenizer_align")}
+    if "scheduler" in running:
+        overrides["scheduler.target"] = address("scheduler")
+    overrides.update(spec.get("set") or {})
+    return str(path), policy, overrides
+
+
+def _start_trainer(path: str, overrides: dict, threads: int) -> subprocess.Popen:
+    args = [sys.executable, "-m", "mrl.cli", "trainer", "run", path]
+    for key, value in overrides.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return subprocess.Popen(args, env=env, preexec_fn=die_with_parent)
+
+
+def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None) -> dict:
+    """Start Redis, the services and the trainers of a topology; return {policy: exit code, metrics path}.
+
+    `overrides` are applied to every trainer after its own `set` (e.g. {"sharing.mode": "prp"}).
+    """
+    valid = {"redis_url", "data_dir", "run_id", "trainers", "report", *SERVICES}
     if set(config) - valid:
-        raise SystemExit(f"{config_path}: unknown keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        raise SystemExit(f"unknown topology keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
+    data_dir = (base / config.get("data_dir", ".mrl/local")).resolve()
+    results: dict = {}
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(redis_for(config.get("redis_url"), pathlib.Path(config.get("data_dir", ".mrl/local"))))
+        url = stack.enter_context(redis_for(config.get("redis_url"), data_dir))
         print(f"mrl up: redis {url}", flush=True)
         running = {}
         for name, (_, (port, admin_port), _) in SERVICES.items():
@@ -111,9 +154,56 @@ def up(config_path: str) -> None:
             r = running[name].ready
             print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST http://127.0.0.1:{r['admin_port']}/docs",
                   flush=True)
+        trainers = {}
+        specs = config.get("trainers") or []
+        threads = max(1, (os.cpu_count() or 1) // max(len(specs), 1))
+        for spec in specs:
+            path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir, running)
+            extra.update(overrides or {})
+            trainers[policy] = (_start_trainer(path, extra, threads), extra["metrics.jsonl"])
+            print(f"  trainer {policy:<8} {path}  ({threads} thread(s))", flush=True)
         print("Ctrl-C to stop.", flush=True)
         while not stop.wait(0.5):
             for name, process in running.items():
                 if process.proc.poll() is not None:
                     raise SystemExit(f"{name} exited with code {process.proc.returncode}")
+            if trainers and all(proc.poll() is not None for proc, _ in trainers.values()):
+                break
+        for proc, _ in trainers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for policy, (proc, metrics) in trainers.items():
+            try:
+                proc.wait(TRAINER_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            results[policy] = {"exit_code": proc.wait(), "metrics": metrics}
+    return results
+
+
+def up(config_path: str) -> dict:
+    path = pathlib.Path(config_path)
+    if not path.is_file():
+        raise SystemExit(f"topology file {str(path)!r} does not exist (the examples are in the repository's "
+                         f"examples/ folder: run from its root)")
+    config = yaml.safe_load(path.read_text()) or {}
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    results = run_topology(config, path.parent, stop)
     print("mrl up: stopped", flush=True)
+    for policy, r in results.items():
+        print(f"  trainer {policy}: exit code {r['exit_code']}, metrics {r['metrics']}", flush=True)
+    if results and config.get("report"):
+        from mrl_trainer.errors import TrainerError
+        from mrl_trainer.report import write_report
+        try:
+            out = write_report([r["metrics"] for r in results.values() if pathlib.Path(r["metrics"]).is_file()],
+                               (path.parent / config.get("data_dir", ".mrl/local") / config["report"]).resolve(),
+                               title=f"mrl run {config.get('run_id', 'local')}")
+            print(f"mrl up: report {out}", flush=True)
+        except TrainerError as exc:
+            print(f"mrl up: no report: {exc}", flush=True)
+    if any(r["exit_code"] != 0 for r in results.values()):
+        raise SystemExit(1)
+    return results

@@ -6,6 +6,7 @@ last checkpoint intact (a NaN step is never checkpointed). The last line printed
 """
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -16,10 +17,10 @@ import yaml
 from mrl_trainer.config import load_config
 from mrl_trainer.errors import TrainerError
 
-__all__ = ["run", "main"]
+__all__ = ["run", "main", "parse_overrides"]
 
 
-def _parse_overrides(pairs: list[str]) -> dict:
+def parse_overrides(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -32,6 +33,7 @@ def _parse_overrides(pairs: list[str]) -> dict:
 def run(config_path: str, overrides: dict | None = None) -> dict:
     from mrl_trainer.trainer import Trainer
     config = load_config(config_path, overrides)
+    logging.basicConfig(level=logging.INFO, format=f"[{config.policy}] %(message)s", stream=sys.stderr)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -55,7 +57,7 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
 
 def main(config_path: str, overrides: list[str]) -> None:
     try:
-        run(config_path, _parse_overrides(overrides))
+        run(config_path, parse_overrides(overrides))
     except TrainerError as exc:
         print(f"mrl trainer: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

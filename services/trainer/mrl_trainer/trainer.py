@@ -60,6 +60,15 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return groups + ([current] if current else [])
 
 
+def _step_line(step: int, steps: int, record: dict) -> str:
+    """One log line per step (when the progress bar is off): reward, time, and the sharing mode's counts."""
+    shown = {"peer_samples": "peer samples", "sgt_rescued": "rescued", "sgt_rejected": "rejected",
+             "thl_one_to_one": "THL 1:1", "peers_complete": "peers complete"}
+    extra = "".join(f", {label} {record[k]:.3g}" for k, label in shown.items() if k in record)
+    return (f"step {step}/{steps}: reward {record['reward_mean']:.3f}, rollout {record['rollout_s']:.1f} s, "
+            f"update {record['update_s']:.1f} s{extra}")
+
+
 class Trainer:
     def __init__(self, config: TrainerConfig, exchange=None):
         """`exchange`: an mrl.exchange_client.ExchangeClient to publish to (None: solo)."""
@@ -317,9 +326,14 @@ class Trainer:
                 record = self.step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record.get('loss', 0.0):.4f}")
+                if bar.disable:
+                    log.info("%s", _step_line(self.state.step, cfg.steps, record))
                 done = self.state.step >= cfg.steps
                 if every and (self.state.step % every == 0 or done):
-                    bar.set_postfix(eval_acc=f"{self.log_eval():.3f}")
+                    accuracy = self.log_eval()
+                    bar.set_postfix(eval_acc=f"{accuracy:.3f}")
+                    if bar.disable:
+                        log.info("step %d: held-out accuracy %.3f", self.state.step, accuracy)
                 if self.state.step % cfg.checkpoint.every == 0 or done:
                     self.checkpoint()
             if self.state.step < cfg.steps:      # stopped early: keep what was done

@@ -1,0 +1,67 @@
+"""`mrl experiment compare TOPOLOGY`: the same pair of policies under each sharing mode, compared.
+
+For each seed s and each mode m in {none, prp, xgrpo, sgt, hacpo} (or --modes), the topology's
+trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides) in a fresh run
+(`run_id = <run_id>-<m>-s<s>`, data under OUT/s<s>/<m>/), one mode after the other, on the same
+services' code, prompts and budget. Then, per seed, `report.write_compare_report` writes
+OUT/s<s>/index.html and compare.json: each policy's held-out accuracy against rollouts
+consumed per mode, and how many rollouts each mode needed to reach solo GRPO's ("none") final
+accuracy. The last line printed is one JSON object with those figures.
+"""
+import json
+import pathlib
+import signal
+import threading
+
+import yaml
+
+from mrl.topology import run_topology
+from mrl_trainer.errors import TrainerError
+from mrl_trainer.report import compare, write_compare_report
+from mrl_trainer.sharing import SHARING_MODES
+
+__all__ = ["run_compare", "main"]
+
+
+def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int], out: str | pathlib.Path,
+                overrides: dict | None = None) -> dict:
+    path = pathlib.Path(topology)
+    if not path.is_file():
+        raise TrainerError(f"topology file {str(path)!r} does not exist")
+    unknown = [m for m in modes if m not in SHARING_MODES]
+    if unknown or "none" not in modes:
+        raise TrainerError(f"modes {modes} must include 'none' (the baseline) and be among {list(SHARING_MODES)}")
+    config = yaml.safe_load(path.read_text()) or {}
+    if not config.get("trainers"):
+        raise TrainerError(f"{path}: a comparison needs `trainers:` (the pair of policies)")
+    out = pathlib.Path(out).resolve()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    figures = {}
+    for seed in seeds:
+        runs = {}
+        for mode in modes:
+            if stop.is_set():
+                raise TrainerError("stopped before every mode had run")
+            run = {**config, "data_dir": str(out / f"s{seed}" / mode),
+                   "run_id": f"{config.get('run_id', 'compare')}-{mode}-s{seed}"}
+            run.pop("report", None)
+            print(f"mrl experiment: seed {seed}, mode {mode}", flush=True)
+            results = run_topology(run, path.parent, stop, {**(overrides or {}), "sharing.mode": mode, "seed": seed})
+            failed = {p: r["exit_code"] for p, r in results.items() if r["exit_code"] != 0}
+            if failed:
+                raise TrainerError(f"mode {mode}, seed {seed}: trainers failed with exit codes {failed}")
+            runs[mode] = [r["metrics"] for r in results.values()]
+        index = write_compare_report(runs, out / f"s{seed}")
+        print(f"mrl experiment: report {index}", flush=True)
+        figures[f"s{seed}"] = compare(runs)
+    return figures
+
+
+def main(topology: str, modes: list[str], seeds: list[int], out: str, overrides: dict) -> None:
+    try:
+        figures = run_compare(topology, modes, seeds, out, overrides)
+    except TrainerError as exc:
+        raise SystemExit(f"mrl experiment compare: error: {exc}") from None
+    print(json.dumps(figures), flush=True)
