@@ -176,7 +176,7 @@ class Trainer:
         active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or plan.advantages[i] != 0)]
         extras = [e for e in plan.extras if e.ids]
         if not active and not extras:
-            return {"skipped": 1.0, **plan.stats}
+            return {"skipped": 1.0, "extras": 0, **plan.stats}
         advantages = plan.advantages[active]
         own = ([flat[i].prompt_ids for i in active], [flat[i].ids for i in active])
         peer = ([own_prompts[e.prompt_index] for e in extras], [e.ids for e in extras])

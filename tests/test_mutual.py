@@ -1,0 +1,140 @@
+"""Mutual RL through the real services: SGT against a poisoned peer, a dead peer, and two heterogeneous
+policies end to end under `mrl up` (embedded Redis, exchange, THL, scheduler, two trainers)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from mrl.assets import tokenizer_cache_dir
+from mrl.exchange_client import ExchangeClient
+from mrl.experience import new_experience
+from mrl.v1 import experience_pb2 as pb
+from mrl_trainer.config import TrainerConfig
+from mrl_trainer.metrics import read_metrics
+from mrl_trainer.trainer import Trainer
+from tests.test_trainer_loop import tiny_config
+
+SMOLLM2_TOKENIZER = str(tokenizer_cache_dir() / "smollm2-tokenizer")
+TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 256}
+
+
+def _publish_successes(target: str, run_id: str, trainer: Trainer, answer_of) -> None:
+    """A peer "poison" claiming, for each of step 0's prompts, one success with the text answer_of(problem)."""
+    experiences = []
+    for i, problem in enumerate(trainer.task.batch(0, trainer.cfg.rollout.prompts_per_step)):
+        text = f"Answer: {answer_of(problem)}"
+        ids = trainer.tokenizer.encode(text) + [trainer.tokenizer.eos_token_id]
+        experiences += [
+            new_experience(run_id, "poison", 0, pb.GroupStats(prompt_id=problem.prompt_id, group_id=f"g{i}",
+                                                              rewards=[1.0]), f"poison.0.group_stats.{i}"),
+            new_experience(run_id, "poison", 0, pb.VerifiedSuccess(
+                prompt_id=problem.prompt_id, prompt_text=problem.question, response_text=text, token_ids=ids,
+                reward=1.0, answer=str(answer_of(problem)), group_id=f"g{i}", tokenizer_id="gpt2"),
+                f"poison.0.success.{i}")]
+    with ExchangeClient(target) as client:
+        client.publish(experiences)
+
+
+def _sgt_step(tmp_path, exchange, run_id, answer_of):
+    config = TrainerConfig.model_validate(tiny_config(
+        tmp_path / "sgt", run_id=run_id, steps=1, exchange={"target": exchange.target, "tokenizer_id": "gpt2"},
+        sharing={"mode": "sgt", "peers": ["poison"], "peer_wait_s": 10}))
+    with ExchangeClient(exchange.target) as client:
+        trainer = Trainer(config, exchange=client)
+        try:
+            _publish_successes(exchange.target, run_id, trainer, answer_of)
+            record = trainer.step()
+            return record, trainer.model.state_dict(), trainer
+        finally:
+            trainer.close()
+
+
+def _solo_step(tmp_path):
+    trainer = Trainer(TrainerConfig.model_validate(tiny_config(tmp_path / "solo", steps=1)))
+    try:
+        record = trainer.step()
+        return record, trainer.model.state_dict()
+    finally:
+        trainer.close()
+
+
+def test_sgt_rejects_a_poisoned_peer_and_changes_nothing(tmp_path, exchange, run_id):
+    record, weights, _ = _sgt_step(tmp_path, exchange, run_id, lambda p: int(p.answer) + 1)
+    _, solo = _solo_step(tmp_path)
+    assert record["peers_complete"] == 1.0 and record["sgt_rescued"] == 0 and record["extras"] == 0
+    assert record["sgt_accepted"] == 0 and record["sgt_rejected"] >= 1     # every gated claim was re-verified
+    assert all(torch.equal(weights[k], solo[k]) for k in solo), "a rejected peer must not change the update"
+
+
+def test_sgt_rescues_with_a_peer_whose_successes_verify(tmp_path, exchange, run_id):
+    record, weights, _ = _sgt_step(tmp_path, exchange, run_id, lambda p: p.answer)
+    _, solo = _solo_step(tmp_path)
+    assert record["sgt_rejected"] == 0 and record["sgt_rescued"] >= 1 and record["extras"] == record["sgt_rescued"]
+    assert record["sgt_nll"] > 0
+    assert any(not torch.equal(weights[k], solo[k]) for k in solo)
+
+
+def test_a_dead_peer_never_blocks_a_policy(tmp_path, exchange, run_id):
+    config = TrainerConfig.model_validate(tiny_config(
+        tmp_path, run_id=run_id, steps=2, exchange={"target": exchange.target, "tokenizer_id": "gpt2"},
+        sharing={"mode": "prp", "peers": ["ghost"], "peer_wait_s": 0.5}))
+    with ExchangeClient(exchange.target) as client:
+        trainer = Trainer(config, exchange=client)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    train = [r for r in read_metrics(tmp_path / "ckpt" / "metrics.jsonl") if r.get("kind", "train") == "train"]
+    assert [r["step"] for r in train] == [0, 1]
+    assert all(r["peers_complete"] == 0 and 0.5 <= r["peer_wait_s"] < 3 and r["sharing"] == "prp" for r in train)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"sharing": {"mode": "sgt"}}, "takes peers' experience from the exchange"),
+    ({"sharing": {"mode": "prp", "peers": ["tiny"]}, "exchange": {"target": "x:1", "tokenizer_id": "gpt2"}},
+     "lists this policy itself"),
+    ({"sharing": {"mode": "grpo"}}, "none"),
+    ({"sharing": {"mode": "sgt", "sgt": {"lam": -1}}}, "greater than or equal to 0"),
+])
+def test_bad_sharing_configs_are_refused(tmp_path, bad, message):
+    with pytest.raises(ValueError, match=message):
+        TrainerConfig.model_validate({**tiny_config(tmp_path), **bad})
+
+
+def test_two_heterogeneous_policies_end_to_end(tmp_path):
+    """Two tiny policies of different families and tokenizers (GPT-2 over gpt2, Llama over SmolLM2's),
+    each warm-started, one under HACPO and one under PRP, through Redis, the exchange, THL and the scheduler."""
+    gpt2 = tiny_config(tmp_path, policy="gpt2-tiny", steps=3, **{
+        "rollout.group_size": 4, "rollout.prompts_per_step": 2, "eval.every": 3, "eval.problems": 8})
+    llama = tiny_config(tmp_path, policy="llama-tiny", seed=4, steps=3, **{
+        "model.architecture": TINY_LLAMA, "model.tokenizer": SMOLLM2_TOKENIZER,
+        "rollout.group_size": 4, "rollout.prompts_per_step": 2, "eval.every": 3, "eval.problems": 8})
+    for config, peer, mode, tokenizer in ((gpt2, "llama-tiny", "hacpo", "gpt2"), (llama, "gpt2-tiny", "prp", "smollm2")):
+        config["warm_start"] = {"steps": 150, "lr": 3e-3, "batch_size": 16}
+        config["sharing"] = {"mode": mode, "peers": [peer], "peer_wait_s": 60}
+        config["exchange"] = {"target": "set-by-mrl-up:1", "tokenizer_id": tokenizer}
+        (tmp_path / f"{config['policy']}.yaml").write_text(yaml.safe_dump(config))
+    topology = {"data_dir": "run", "run_id": "e2e", "exchange": {"port": 0, "admin_port": 0},
+                "tokenizer_align": {"port": 0, "admin_port": 0}, "scheduler": {"port": 0, "admin_port": 0, "slots": 1},
+                "trainers": [{"config": "gpt2-tiny.yaml"}, {"config": "llama-tiny.yaml"}], "report": "report"}
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology))
+    env = {"MRL_MODEL_CACHE": str(tmp_path / "models")}
+    out = subprocess.run([sys.executable, "-m", "mrl.cli", "up", str(tmp_path / "topology.yaml")],
+                         capture_output=True, text=True, timeout=170, env={**os.environ, **env})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "report" in out.stdout and (tmp_path / "run" / "report" / "index.html").is_file()
+    for policy, mode in (("gpt2-tiny", "hacpo"), ("llama-tiny", "prp")):
+        records = read_metrics(tmp_path / "run" / policy / "metrics.jsonl")
+        train = [r for r in records if r.get("kind", "train") == "train"]
+        assert [r["step"] for r in train] == [0, 1, 2]
+        assert all(r["sharing"] == mode and r["peers_complete"] == 1.0 and r["peer_samples"] == 8 for r in train)
+        assert all(0 < r["thl_one_to_one"] <= 1 and 0 < r["thl_lossless"] <= 1 for r in train)   # THL in the loop
+        assert [r["step"] for r in records if r.get("kind") == "eval"] == [0, 3]
+    summary = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"policy"')]
+    assert sorted(s["policy"] for s in summary) == ["gpt2-tiny", "llama-tiny"]
+    assert all(s["rollouts_total"] == 24 and not s["stopped_early"] for s in summary)
