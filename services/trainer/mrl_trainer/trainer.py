@@ -212,7 +212,7 @@ class Trainer:
                 loss, stats = self.sharing.extra_loss(logp, mask, [extras[i] for i in g], update=m,
                                                       max_tokens=max_tokens, totals=plan.extra_totals)
                 loss_total += self._backward(loss, batch.step)
-                if m == 0:
+                if m == loss_cfg.updates_per_step - 1:      # the statistics of the step's last update
                     for name, values in stats.items():
                         per_sequence.setdefault(name, []).append(values.detach().cpu())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)

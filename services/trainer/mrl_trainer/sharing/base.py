@@ -11,7 +11,7 @@ A step of policy k with a sharing mode (DESIGN.md §5):
 The base class is solo GRPO/GSPO ("none"): own advantages within the own group, no extras.
 Every normaliser in a Plan is a whole-update total, so micro-batching leaves the gradient exact.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -20,7 +20,7 @@ from torch import Tensor
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages, policy_loss
 
-__all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier"]
+__all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,13 @@ class Verifier:
 
     def __call__(self, prompt_index: int, text: str) -> float:
         return self._reward(self._batch.problems[prompt_index], text)
+
+
+def rescored(samples: list[PeerSample], verify: Verifier) -> tuple[list[PeerSample], int]:
+    """The peer samples with this policy's own reward for their text (a peer's claimed reward is never
+    trusted: a poisoned or differently-scored peer cannot move the advantages), and how many claims differed."""
+    out = [replace(s, reward=verify(s.prompt_index, s.text)) for s in samples]
+    return out, sum(a.reward != b.reward for a, b in zip(samples, out))
 
 
 class SharingMode:

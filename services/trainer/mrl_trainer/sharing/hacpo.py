@@ -5,9 +5,10 @@ included; `window`), published by every policy in its policy_stats. Capability r
 
     ω^(k,j) = clamp(P̂^k / P̂^j, 0.1, 10),      ω^(k,k) = 1
 
-Mixed baseline for k on prompt x over the n pooled samples (own G and the peers' rollouts of x):
+Mixed baseline for k on prompt x over the n pooled samples (own G and the peers' rollouts of x,
+each peer rollout re-scored by k's own verifier: a peer's claimed reward is never trusted):
 
-    μ̂ = (1/n) Σ_j Σ_i ω^(k,j) R(y_i^j),   σ = std of the n rewards,   A = (R − μ̂) / (σ + ε)
+    μ̂ = (1/n) Σ_j Σ_i ω^(k,j) R(y_i^j),   σ = std of the n rewards (n − 1),   A = (R − μ̂) / (σ + ε)
 
 for own and peer samples alike. Safeguards: all n rewards equal → A = 0; μ̂ > 1 → μ̂ = k's own
 group mean. Own samples take the GSPO loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
@@ -18,9 +19,10 @@ stepwise clipping, no min():
     s̄     = clip(s, 1 − δ + m·δ_step, 1)        m = optimizer updates already made this step (lower bound ≤ 1)
     l     = −s̄ · sg[s̄]^α · ω^(j,k) · A
 
-Both terms are aggregated like the trainer's loss with the pooled totals. Stats: hacpo_omega_mean
-(mean ω^(j,k) over peer samples), hacpo_ratio_mean (s), hacpo_clipped (share of s outside the
-bounds), hacpo_lower_bound.
+Both terms are aggregated as GSPO does, seq-mean-token-mean (`aggregation`), with the pooled
+totals. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
+hacpo_clipped (share of s outside the bounds), hacpo_lower_bound (at the step's last update),
+peer_reward_disputed (peer claims k's verifier disagrees with).
 """
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,7 +30,8 @@ from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, masked_seq_mean, policy_loss
-from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
+from mrl_trainer.losses import Aggregation
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, rescored
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -42,6 +45,8 @@ class HACPOConfig(BaseModel):
     delta_step: float = Field(0.01, ge=0, description="δ_step: the lower bound rises by this per optimizer update.")
     window: int = Field(5, ge=1, description="K: steps in the capability window P̂.")
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
+    aggregation: Aggregation = Field("seq-mean-token-mean", description="GSPO's (one term per sequence); "
+                                                                        "token sums weight sequences by length.")
 
 
 def capability_ratio(p_k: float, p_j: float) -> float:
@@ -89,9 +94,10 @@ class HACPO(SharingMode):
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         cfg = self.sharing.hacpo
         own_advantages, extras, omega_used = [], [], []
-        n_peer = peer_tokens = 0
+        n_peer = peer_tokens = disputed = 0
         for p, group in enumerate(batch.rewards):
-            pooled = [s for s in peers.rollouts.get(p, []) if s.ids][:cfg.per_prompt]
+            pooled, differ = rescored([s for s in peers.rollouts.get(p, []) if s.ids][:cfg.per_prompt], verify)
+            disputed += differ
             omega_kj = [capability_ratio(capability, peers.capability.get(s.producer, capability)) for s in pooled]
             advantages = mixed_advantages(
                 torch.tensor([*group, *(s.reward for s in pooled)], dtype=torch.float64),
@@ -107,7 +113,7 @@ class HACPO(SharingMode):
                                         behaviour_mean_logp=s.behaviour_mean_logp, weight=omega_jk))
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + n_peer, num_tokens=totals["num_tokens"] + peer_tokens)
-        stats = {"peer_samples": n_peer}
+        stats = {"peer_samples": n_peer, "peer_reward_disputed": disputed}
         if omega_used:
             stats["hacpo_omega_mean"] = sum(omega_used) / len(omega_used)
         return Plan(torch.tensor(own_advantages, dtype=torch.float32), extras=extras, totals=totals,
@@ -117,7 +123,7 @@ class HACPO(SharingMode):
         """GSPO on own samples: sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL only here."""
         return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=self.loss.beta,
                            eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH, level="sequence",
-                           aggregation=self.loss.aggregation, max_tokens=max_tokens, **totals)
+                           aggregation=self.sharing.hacpo.aggregation, max_tokens=max_tokens, **totals)
 
     def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
         cfg = self.sharing.hacpo
@@ -125,9 +131,9 @@ class HACPO(SharingMode):
         tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731
         loss, ratio = peer_loss(logp, mask, tensor([e.behaviour_mean_logp for e in extras]),
                                 tensor([e.advantage for e in extras]), tensor([e.weight for e in extras]),
-                                lower=lower, alpha=cfg.alpha, aggregation=self.loss.aggregation,
+                                lower=lower, alpha=cfg.alpha, aggregation=cfg.aggregation,
                                 max_tokens=max_tokens, **totals)
-        return loss, {"ratio": ratio, "clipped": ((ratio < lower) | (ratio > 1.0)).float(),
+        return loss, {"ratio_mean": ratio, "clipped": ((ratio < lower) | (ratio > 1.0)).float(),
                       "lower_bound": torch.full_like(ratio, lower)}
 
     def summarize(self, per_sequence):

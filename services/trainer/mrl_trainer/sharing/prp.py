@@ -1,7 +1,9 @@
 """PRP — Peer Rollout Pooling (data level; the Mutual RL paper).
 
 Peers' rollouts for the same prompt, retokenized into policy k's tokens by THL, join k's group
-as extra trajectories; advantages are computed over the pooled group:
+as extra trajectories, each re-scored by k's own verifier (a peer's claimed reward is never
+trusted; `peer_reward_disputed` counts the claims that differ); advantages are computed over the
+pooled group:
 
     pool_x = {y_i^k}_{i ≤ G} ∪ {y^j : peer rollouts of x}
     A      = (R − mean_pool R) / (std_pool R + ε)                 own and peer samples alike
@@ -25,7 +27,7 @@ from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import aggregate, group_advantages, masked_seq_mean
-from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, rescored
 
 __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
@@ -57,8 +59,11 @@ class PRP(SharingMode):
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         rewards, groups, members = [], [], []          # members: None for own, the PeerSample for a peer
+        disputed = 0
         for p, group in enumerate(batch.rewards):
-            pooled = [s for s in peers.rollouts.get(p, []) if s.ids][:self.sharing.prp.per_prompt]
+            pooled, differ = rescored([s for s in peers.rollouts.get(p, []) if s.ids][:self.sharing.prp.per_prompt],
+                                      verify)
+            disputed += differ
             rewards += [*group, *(s.reward for s in pooled)]
             groups += [p] * (len(group) + len(pooled))
             members += [None] * len(group) + pooled
@@ -72,7 +77,7 @@ class PRP(SharingMode):
         extras = [Extra(prompt_index=m.prompt_index, ids=m.ids, advantage=a, behaviour_mean_logp=m.behaviour_mean_logp)
                   for m, a in peer if a != 0.0]      # a zero-advantage peer adds exactly nothing
         return Plan(advantages[own], extras=extras, totals=totals, extra_totals=totals,
-                    stats={"peer_samples": len(peer)})
+                    stats={"peer_samples": len(peer), "peer_reward_disputed": disputed})
 
     def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
         behaviour = torch.tensor([e.behaviour_mean_logp for e in extras], device=logp.device)
