@@ -1,5 +1,6 @@
 # One entry point for a fresh clone with only Python 3.11+, pip and make:
-#   make demo    the exchange end to end on an embedded Redis (no Redis or GPU to install)
+#   make demo    mutual RL of two heterogeneous policies on CPU (embedded Redis, the services, two
+#                trainers), with an HTML report; no Redis or GPU to install
 #   make test    the test suite against real Redis (embedded) and real gRPC sockets
 PYTHON ?= python3
 VENV ?= .venv
@@ -34,8 +35,8 @@ $(TOKENIZERS_STAMP): scripts/fetch_tokenizers.py $(STAMP)
 test: install tokenizers
 	$(BIN)/python -m pytest
 
-demo: install
-	$(BIN)/mrl demo
+demo: install tokenizers
+	$(BIN)/mrl demo examples/mutual.yaml
 
 bench: install tokenizers
 	$(BIN)/mrl bench exchange

@@ -239,11 +239,27 @@ def test_auth_file_is_mounted_and_valid(name):
 @pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
 def test_trainer_config_comes_from_read_only_examples(name):
     command = SERVICES[name]["command"]
-    config = command[-1]
+    config = command[3]                                     # mrl trainer run CONFIG [--set KEY=VALUE ...]
+    assert command[:3] == ["mrl", "trainer", "run"] and all(
+        command[i] == "--set" and "=" in command[i + 1] for i in range(4, len(command), 2))
     assert config.startswith("/etc/mrl/") and config.endswith(f"{name.removeprefix('trainer-')}.yaml")
     path, mode = _mounted_host_path(name, config)
     assert mode == "ro" and path.parent == ROOT / "examples"
     assert SERVICES[name]["depends_on"]["exchange"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
+def test_trainer_configs_validate_and_point_at_the_compose_services(name):
+    """The mounted config, with the compose command's --set overrides, is a valid trainer config whose
+    exchange, THL and scheduler addresses are compose service names."""
+    from mrl_trainer.app import parse_overrides
+    from mrl_trainer.config import load_config
+    command = SERVICES[name]["command"]
+    config = load_config(ROOT / "examples" / pathlib.Path(command[3]).name,
+                         parse_overrides(command[5::2]))
+    targets = [config.exchange.target, config.sharing.align.target, config.scheduler.target]
+    assert [t.split(":")[0] for t in targets] == ["exchange", "tokenizer_align", "scheduler"]
+    assert config.sharing.mode != "none" and config.sharing.peers
 
 
 def test_depends_on_names_services():
