@@ -138,3 +138,38 @@ def test_two_heterogeneous_policies_end_to_end(tmp_path):
     summary = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"policy"')]
     assert sorted(s["policy"] for s in summary) == ["gpt2-tiny", "llama-tiny"]
     assert all(s["rollouts_total"] == 24 and not s["stopped_early"] for s in summary)
+
+
+def _peer_step(run_id: str, producer: str, version: int, prompt_id: str, rewards: list[float]):
+    """A peer's group_stats and rollouts (gpt2 ids, behaviour log-probs) for one prompt at one version."""
+    out = [new_experience(run_id, producer, version, pb.GroupStats(prompt_id=prompt_id, group_id="g", rewards=rewards),
+                          f"{producer}.{version}.{prompt_id}.gs")]
+    for i, reward in enumerate(rewards):
+        out.append(new_experience(run_id, producer, version, pb.Rollout(
+            prompt_id=prompt_id, prompt_text="q", response_text=f"Answer: {i}", token_ids=[33706, 25, 220 + i],
+            logprobs=[-1.0, -1.0, -1.0], reward=reward, group_id="g", tokenizer_id="gpt2", sample_index=i),
+            f"{producer}.{version}.{prompt_id}.r{i}"))
+    return out
+
+
+def test_peer_inbox_waits_for_complete_batches_and_drops_stale_ones(exchange, run_id):
+    from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
+    with ExchangeClient(exchange.target) as client:
+        inbox = PeerInbox(client, run_id, "me", ("rollout",), ["peer"], max_staleness=1)
+        try:
+            client.publish(_peer_step(run_id, "peer", 0, "p0", [1.0, 0.0])        # stale by step 5
+                           + _peer_step(run_id, "peer", 5, "p5", [0.0, 1.0, 1.0])
+                           + _peer_step(run_id, "peer", 5, "p6", [1.0])[:1])      # group_stats without its rollout
+            arrived = inbox.collect(5, ["p0", "p5", "p6"], timeout_s=1.0)
+            assert set(arrived.entries) == {"p5", "p6"} and arrived.complete == pytest.approx(1 / 3)
+            assert 1.0 <= arrived.waited_s < 3                                    # p0 never arrives: waited it out
+            batch, stats = to_peer_batch(arrived, ["p0", "p5", "p6"], Retokenizer("gpt2"))
+            assert [s.reward for s in batch.rollouts[1]] == [0.0, 1.0, 1.0] and 0 not in batch.rollouts
+            assert batch.rollouts[1][0].ids == [33706, 25, 220] and batch.rollouts[1][0].behaviour_mean_logp == -1.0
+            assert batch.group_rewards == {1: [0.0, 1.0, 1.0], 2: [1.0]} and stats["peers_complete"] == arrived.complete
+            with pytest.raises(Exception, match="set sharing.align.target"):     # a foreign tokenizer needs THL
+                to_peer_batch(arrived, ["p0", "p5", "p6"], Retokenizer("smollm2"))
+            # taken entries are acked: collecting them again finds nothing
+            assert inbox.collect(5, ["p5"], timeout_s=0.2).entries == {}
+        finally:
+            inbox.close()

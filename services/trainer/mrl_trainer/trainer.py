@@ -313,6 +313,12 @@ class Trainer:
                          rollouts_total=self.state.rollouts_total)
         return accuracy
 
+    def _eval_progress(self, bar) -> None:
+        accuracy = self.log_eval()
+        bar.set_postfix(eval_acc=f"{accuracy:.3f}")
+        if bar.disable:
+            log.info("step %d: held-out accuracy %.3f", self.state.step, accuracy)
+
     def run(self, should_stop=lambda: False) -> TrainState:
         """Train until `steps` (or until should_stop() turns true), checkpointing on the way and at the end."""
         from tqdm import tqdm
@@ -321,7 +327,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.state.step, desc=cfg.policy, disable=not cfg.metrics.progress)
         try:
             if every and self.state.step == 0:
-                bar.set_postfix(eval_acc=f"{self.log_eval():.3f}")
+                self._eval_progress(bar)
             while self.state.step < cfg.steps and not should_stop():
                 record = self.step()
                 bar.update(1)
@@ -330,10 +336,7 @@ class Trainer:
                     log.info("%s", _step_line(self.state.step, cfg.steps, record))
                 done = self.state.step >= cfg.steps
                 if every and (self.state.step % every == 0 or done):
-                    accuracy = self.log_eval()
-                    bar.set_postfix(eval_acc=f"{accuracy:.3f}")
-                    if bar.disable:
-                        log.info("step %d: held-out accuracy %.3f", self.state.step, accuracy)
+                    self._eval_progress(bar)
                 if self.state.step % cfg.checkpoint.every == 0 or done:
                     self.checkpoint()
             if self.state.step < cfg.steps:      # stopped early: keep what was done
