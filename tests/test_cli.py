@@ -1,4 +1,5 @@
 """Smoke runs of the CLI entry points: token, up, demo."""
+import json
 import pathlib
 import signal
 import subprocess
@@ -99,3 +100,31 @@ def test_spawn_passes_list_and_mapping_settings_as_json():
     with spawn("tokenizer_align", tokenizer_roots=[str(cache_dir())], tokenizers={"only-gpt2": str(gpt2)}) as align:
         listed = httpx.get(f"http://127.0.0.1:{align.ready['admin_port']}/v1/tokenizers").json()["tokenizers"]
         assert [t["tokenizer_id"] for t in listed] == ["only-gpt2"]
+
+
+def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path):
+    """Ctrl-C reaches `mrl up`: its trainer finishes the step under way, checkpoints and exits 0, then the
+    services and Redis stop."""
+    from tests.test_trainer_loop import tiny_config
+    trainer = tiny_config(tmp_path, steps=10_000, exchange={"target": "set-by-mrl-up:1", "tokenizer_id": "gpt2"})
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(trainer))
+    config = tmp_path / "topology.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": "d", "exchange": {"port": 0, "admin_port": 0},
+                                      "tokenizer_align": None, "scheduler": {"port": 0, "admin_port": 0, "slots": 1},
+                                      "trainers": [{"config": "tiny.yaml"}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:                     # the trainer's per-step log lines
+            if line.startswith("[tiny] step 2/10000"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+    finally:
+        proc.kill()
+    assert "trainer tiny: exit code 0" in out and "mrl up: stopped" in out
+    summary = next(json.loads(line) for line in out.splitlines() if line.startswith('{"policy"'))
+    assert summary["stopped_early"] and summary["step"] >= 2
+    assert (tmp_path / "d" / "tiny" / "checkpoints" / "latest").is_file()
+    assert not (tmp_path / "d" / "redis" / "redis.sock").exists()

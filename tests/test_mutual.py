@@ -14,6 +14,7 @@ from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
 from mrl_trainer.config import TrainerConfig
+from mrl_trainer.errors import TrainerError
 from mrl_trainer.metrics import read_metrics
 from mrl_trainer.trainer import Trainer
 from tests.test_trainer_loop import tiny_config
@@ -173,3 +174,45 @@ def test_peer_inbox_waits_for_complete_batches_and_drops_stale_ones(exchange, ru
             assert inbox.collect(5, ["p5"], timeout_s=0.2).entries == {}
         finally:
             inbox.close()
+
+
+def test_rollout_and_update_each_run_inside_a_scheduler_lease(tmp_path, start_scheduler):
+    import threading
+    import time
+
+    from mrl.scheduler_client import SchedulerClient
+    from mrl.v1 import scheduler_pb2 as spb
+    scheduler = start_scheduler(slots=1)
+    events = []
+    with SchedulerClient(scheduler.target) as admin:
+        watch = admin.watch()
+        reader = threading.Thread(target=lambda: events.extend(watch), daemon=True)
+        reader.start()
+        time.sleep(0.3)                                   # the Watch stream is open before the step
+        trainer = Trainer(TrainerConfig.model_validate(tiny_config(
+            tmp_path, steps=1, scheduler={"target": scheduler.target, "ttl_s": 10})))
+        try:
+            trainer.step()
+        finally:
+            trainer.close()
+        deadline = time.monotonic() + 5
+        while sum(e.type == spb.LEASE_EVENT_TYPE_RELEASED for e in events) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch.close()
+    seen = [(spb.LeaseEventType.Name(e.type).removeprefix("LEASE_EVENT_TYPE_"), e.lease.phase, e.lease.policy)
+            for e in events]
+    assert seen == [("GRANTED", "rollout", "tiny"), ("RELEASED", "rollout", "tiny"),
+                    ("GRANTED", "update", "tiny"), ("RELEASED", "update", "tiny")], seen
+
+
+def test_an_unreachable_scheduler_stops_the_run_with_a_clear_error(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    trainer = Trainer(TrainerConfig.model_validate(tiny_config(tmp_path, steps=1, scheduler={"target": dead})))
+    try:
+        with pytest.raises(TrainerError, match=f"no lease for rollout from the scheduler at {dead}"):
+            trainer.step()
+    finally:
+        trainer.close()

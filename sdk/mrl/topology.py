@@ -48,8 +48,9 @@ class ServiceProcess:
     """A service child process; `ready` holds its JSON ready line (ports)."""
 
     def __init__(self, args: list[str], env: dict[str, str], timeout_s: float = 60.0):
+        # its own session: a terminal's Ctrl-C reaches `mrl up` alone, which stops the trainers first
         self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=die_with_parent)
+                                     preexec_fn=die_with_parent, start_new_session=True)
         self.ready: dict = {}
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
@@ -129,7 +130,7 @@ def _start_trainer(path: str, overrides: dict, threads: int) -> subprocess.Popen
     for key, value in overrides.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    return subprocess.Popen(args, env=env, preexec_fn=die_with_parent)
+    return subprocess.Popen(args, env=env, preexec_fn=die_with_parent, start_new_session=True)
 
 
 def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None) -> dict:

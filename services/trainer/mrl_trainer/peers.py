@@ -130,8 +130,9 @@ class PeerInbox:
                 del self._entries[pid]
         self._ack(stale)
 
-    def collect(self, step: int, prompt_ids: list[str], timeout_s: float) -> Arrived:
-        """The peers' experience of these prompts: waits until complete or `timeout_s`, then takes what arrived."""
+    def collect(self, step: int, prompt_ids: list[str], timeout_s: float, stop=lambda: False) -> Arrived:
+        """The peers' experience of these prompts: waits until complete, `timeout_s` or stop(), then takes
+        what arrived."""
         start = time.monotonic()
         with self._cond:
             self._floor = step - self.max_staleness
@@ -141,9 +142,9 @@ class PeerInbox:
                     raise TrainerError(f"the subscription to the peers' experience failed: {self._error}")
                 done, expected = self._progress(prompt_ids)
                 left = timeout_s - (time.monotonic() - start)
-                if done == expected or left <= 0:
+                if done == expected or left <= 0 or stop():
                     break
-                self._cond.wait(left)
+                self._cond.wait(min(left, 0.5))
             taken = {pid: self._entries.pop(pid) for pid in prompt_ids if pid in self._entries}
             self._ack([d for by_producer in taken.values() for entry in by_producer.values() for d in entry.deliveries])
             capability = {producer: value for producer, (_, value) in self._capability.items()}

@@ -112,6 +112,7 @@ class Trainer:
         self.metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
                                    config.metrics.prometheus_port, config.metrics.tensorboard)
         self.resumed_from = found
+        self._should_stop = lambda: False     # run()'s, so that a stop cuts the wait for peers short
         self._saved_step = self.state.step if found else None
 
     def _align_client(self):
@@ -122,12 +123,22 @@ class Trainer:
         token = align.token or self.cfg.exchange.token or os.environ.get("MRL_TOKEN")
         return self._closing.enter_context(AlignClient(align.target, token))
 
+    @contextlib.contextmanager
     def _lease(self, phase: str):
-        """A scheduler lease for one phase (rollout / update), or nothing when no scheduler is configured."""
+        """Hold a scheduler lease for one phase (rollout / update); nothing when no scheduler is configured.
+
+        A scheduler that cannot be reached or refuses, or a lease lost mid-phase, stops the run
+        (TrainerError): running without the lease could overcommit a shared device.
+        """
         if self.scheduler is None:
-            return contextlib.nullcontext()
+            yield
+            return
         s = self.cfg.scheduler
-        return self.scheduler.lease(devices=s.devices, phase=phase, ttl_s=s.ttl_s, step_cost=s.step_cost)
+        try:
+            with self.scheduler.lease(devices=s.devices, phase=phase, ttl_s=s.ttl_s, step_cost=s.step_cost):
+                yield
+        except MrlError as exc:
+            raise TrainerError(f"no lease for {phase} from the scheduler at {s.target}: {exc}") from exc
 
     def _capability(self) -> float:
         return capability(self.state.batch_rewards, self.cfg.sharing.hacpo.window)
@@ -264,7 +275,7 @@ class Trainer:
         peer_stats, peers = {}, PeerBatch()
         if self.inbox is not None:
             prompt_ids = [p.prompt_id for p in batch.problems]
-            arrived = self.inbox.collect(t, prompt_ids, self.cfg.sharing.peer_wait_s)
+            arrived = self.inbox.collect(t, prompt_ids, self.cfg.sharing.peer_wait_s, stop=self._should_stop)
             peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
         plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
         start = time.perf_counter()
@@ -323,6 +334,7 @@ class Trainer:
         """Train until `steps` (or until should_stop() turns true), checkpointing on the way and at the end."""
         from tqdm import tqdm
         cfg = self.cfg
+        self._should_stop = should_stop
         every = cfg.eval.every
         bar = tqdm(total=cfg.steps, initial=self.state.step, desc=cfg.policy, disable=not cfg.metrics.progress)
         try:
