@@ -1,5 +1,6 @@
 """Smoke runs of the CLI entry points: token, up, demo."""
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -103,8 +104,8 @@ def test_spawn_passes_list_and_mapping_settings_as_json():
 
 
 def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path):
-    """Ctrl-C reaches `mrl up`: its trainer finishes the step under way, checkpoints and exits 0, then the
-    services and Redis stop."""
+    """Ctrl-C in a terminal (SIGINT to the whole foreground process group): the trainer finishes the step
+    under way, checkpoints and exits 0, and only then do the services and Redis stop."""
     from tests.test_trainer_loop import tiny_config
     trainer = tiny_config(tmp_path, steps=10_000, exchange={"target": "set-by-mrl-up:1", "tokenizer_id": "gpt2"})
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(trainer))
@@ -113,12 +114,12 @@ def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path):
                                       "tokenizer_align": None, "scheduler": {"port": 0, "admin_port": 0, "slots": 1},
                                       "trainers": [{"config": "tiny.yaml"}]}))
     proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         for line in proc.stderr:                     # the trainer's per-step log lines
             if line.startswith("[tiny] step 2/10000"):
                 break
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
     finally:

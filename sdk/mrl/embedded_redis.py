@@ -38,8 +38,9 @@ class EmbeddedRedis:
                 "--unixsocketperm", "700", "--dir", str(self.data_dir), "--dbfilename", "dump.rdb",
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
                 "--save", "", "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log")]
+        # its own session: a terminal's Ctrl-C must not kill Redis under the services still stopping
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      preexec_fn=die_with_parent)
+                                      preexec_fn=die_with_parent, start_new_session=True)
         client = redis.Redis(unix_socket_path=str(self.socket))
         deadline = time.monotonic() + timeout_s
         while True:
