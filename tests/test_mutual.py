@@ -2,6 +2,7 @@
 policies end to end under `mrl up` (embedded Redis, exchange, THL, scheduler, two trainers)."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -107,16 +108,17 @@ def test_bad_sharing_configs_are_refused(tmp_path, bad, message):
         TrainerConfig.model_validate({**tiny_config(tmp_path), **bad})
 
 
-def test_two_heterogeneous_policies_end_to_end(tmp_path):
-    """Two tiny policies of different families and tokenizers (GPT-2 over gpt2, Llama over SmolLM2's),
-    each warm-started, one under HACPO and one under PRP, through Redis, the exchange, THL and the scheduler."""
-    gpt2 = tiny_config(tmp_path, policy="gpt2-tiny", steps=3, **{
+def _tiny_pair(tmp_path, modes: tuple[str, str], steps: int = 3, warm_start_steps: int = 150) -> pathlib.Path:
+    """A topology of two tiny policies of different families and tokenizers (GPT-2 over gpt2, Llama over
+    SmolLM2's), each warm-started, under the given sharing modes, with the exchange, THL and the scheduler."""
+    gpt2 = tiny_config(tmp_path, policy="gpt2-tiny", steps=steps, **{
         "rollout.group_size": 4, "rollout.prompts_per_step": 2, "eval.every": 3, "eval.problems": 8})
-    llama = tiny_config(tmp_path, policy="llama-tiny", seed=4, steps=3, **{
+    llama = tiny_config(tmp_path, policy="llama-tiny", seed=4, steps=steps, **{
         "model.architecture": TINY_LLAMA, "model.tokenizer": SMOLLM2_TOKENIZER,
         "rollout.group_size": 4, "rollout.prompts_per_step": 2, "eval.every": 3, "eval.problems": 8})
-    for config, peer, mode, tokenizer in ((gpt2, "llama-tiny", "hacpo", "gpt2"), (llama, "gpt2-tiny", "prp", "smollm2")):
-        config["warm_start"] = {"steps": 150, "lr": 3e-3, "batch_size": 16}
+    for config, peer, mode, tokenizer in ((gpt2, "llama-tiny", modes[0], "gpt2"),
+                                          (llama, "gpt2-tiny", modes[1], "smollm2")):
+        config["warm_start"] = {"steps": warm_start_steps, "lr": 3e-3, "batch_size": 16}
         config["sharing"] = {"mode": mode, "peers": [peer], "peer_wait_s": 60}
         config["exchange"] = {"target": "set-by-mrl-up:1", "tokenizer_id": tokenizer}
         (tmp_path / f"{config['policy']}.yaml").write_text(yaml.safe_dump(config))
@@ -124,8 +126,14 @@ def test_two_heterogeneous_policies_end_to_end(tmp_path):
                 "tokenizer_align": {"port": 0, "admin_port": 0}, "scheduler": {"port": 0, "admin_port": 0, "slots": 1},
                 "trainers": [{"config": "gpt2-tiny.yaml"}, {"config": "llama-tiny.yaml"}], "report": "report"}
     (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology))
+    return tmp_path / "topology.yaml"
+
+
+def test_two_heterogeneous_policies_end_to_end(tmp_path):
+    """HACPO and PRP through Redis, the exchange, THL and the scheduler, under `mrl up`."""
+    topology = _tiny_pair(tmp_path, ("hacpo", "prp"))
     env = {"MRL_MODEL_CACHE": str(tmp_path / "models")}
-    out = subprocess.run([sys.executable, "-m", "mrl.cli", "up", str(tmp_path / "topology.yaml")],
+    out = subprocess.run([sys.executable, "-m", "mrl.cli", "up", str(topology)],
                          capture_output=True, text=True, timeout=170, env={**os.environ, **env})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "report" in out.stdout and (tmp_path / "run" / "report" / "index.html").is_file()
@@ -216,3 +224,17 @@ def test_an_unreachable_scheduler_stops_the_run_with_a_clear_error(tmp_path):
             trainer.step()
     finally:
         trainer.close()
+
+
+def test_experiment_compare_runs_each_mode_and_compares_them(tmp_path, monkeypatch):
+    from mrl_trainer.experiment import run_compare
+    monkeypatch.setenv("MRL_MODEL_CACHE", str(tmp_path / "models"))
+    topology = _tiny_pair(tmp_path, ("none", "none"), steps=3, warm_start_steps=40)
+    figures = run_compare(topology, ["none", "xgrpo"], None, tmp_path / "compare")
+    assert set(figures["config"]["policies"]) == {"gpt2-tiny", "llama-tiny"}
+    for policy, by_mode in figures["config"]["policies"].items():
+        assert set(by_mode) == {"none", "xgrpo"} and all(m["rollouts_total"] == 24 for m in by_mode.values())
+    assert (tmp_path / "compare" / "config" / "index.html").is_file()
+    assert json.loads((tmp_path / "compare" / "config" / "compare.json").read_text()) == figures["config"]
+    xgrpo = read_metrics(tmp_path / "compare" / "config" / "xgrpo" / "gpt2-tiny" / "metrics.jsonl")
+    assert all(r["sharing"] == "xgrpo" and r["xgrpo_pooled"] == 8 for r in xgrpo if r.get("kind", "train") == "train")

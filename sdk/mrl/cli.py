@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     compare = experiment_sub.add_parser("compare", help="run each sharing mode on a topology's trainers")
     compare.add_argument("config", help="YAML topology with trainers, e.g. examples/mutual.yaml")
     compare.add_argument("--modes", default="none,prp,xgrpo,sgt,hacpo", help="comma-separated; must include none")
-    compare.add_argument("--seeds", default="0", help="comma-separated seeds")
+    compare.add_argument("--seeds", help="comma-separated seeds for every trainer (default: each config's own)")
     compare.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
     compare.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                          help="override a field of every trainer, e.g. --set steps=8")
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "experiment":
         overrides = _load("mrl_trainer.app", "trainer").parse_overrides(args.overrides)
         _load("mrl_trainer.experiment", "trainer").main(args.config, args.modes.split(","),
-                                                        [int(s) for s in args.seeds.split(",")], args.out, overrides)
+                                                        args.seeds and [int(s) for s in args.seeds.split(",")],
+                                                        args.out, overrides)
     elif args.command == "up":
         from mrl.topology import up
         up(args.config)

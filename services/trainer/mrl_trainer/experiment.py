@@ -1,10 +1,12 @@
 """`mrl experiment compare TOPOLOGY`: the same pair of policies under each sharing mode, compared.
 
 For each seed s and each mode m in {none, prp, xgrpo, sgt, hacpo} (or --modes), the topology's
-trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides) in a fresh run
-(`run_id = <run_id>-<m>-s<s>`, data under OUT/s<s>/<m>/), one mode after the other, on the same
-services' code, prompts and budget. Then, per seed, `report.write_compare_report` writes
-OUT/s<s>/index.html and compare.json: each policy's held-out accuracy against rollouts
+trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides; without --seeds,
+each trainer keeps its config's own seed, labelled "config") in a fresh run
+(`run_id = <run_id>-<m>-<label>`, data under OUT/<label>/<m>/), one mode after the other, on the
+same services' code, prompts and budget (OUT must be empty: trainers would resume from an earlier
+comparison's checkpoints). Then, per seed, `report.write_compare_report` writes
+OUT/<label>/index.html and compare.json: each policy's held-out accuracy against rollouts
 consumed per mode, and how many rollouts each mode needed to reach solo GRPO's ("none") final
 accuracy. The last line printed is one JSON object with those figures.
 """
@@ -23,7 +25,7 @@ from mrl_trainer.sharing import SHARING_MODES
 __all__ = ["run_compare", "main"]
 
 
-def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int], out: str | pathlib.Path,
+def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int] | None, out: str | pathlib.Path,
                 overrides: dict | None = None) -> dict:
     path = pathlib.Path(topology)
     if not path.is_file():
@@ -35,31 +37,42 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     if not config.get("trainers"):
         raise TrainerError(f"{path}: a comparison needs `trainers:` (the pair of policies)")
     out = pathlib.Path(out).resolve()
+    if out.exists() and any(out.iterdir()):   # its trainers would resume from the old checkpoints
+        raise TrainerError(f"{out} is not empty: a comparison starts from scratch; remove it or pass another --out")
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run_modes(config, path, modes, seeds, out, overrides, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_modes(config: dict, path: pathlib.Path, modes: list[str], seeds: list[int] | None, out: pathlib.Path,
+               overrides: dict | None, stop: threading.Event) -> dict:
     figures = {}
-    for seed in seeds:
+    for seed in seeds or [None]:
+        label = "config" if seed is None else f"s{seed}"
         runs = {}
         for mode in modes:
             if stop.is_set():
                 raise TrainerError("stopped before every mode had run")
-            run = {**config, "data_dir": str(out / f"s{seed}" / mode),
-                   "run_id": f"{config.get('run_id', 'compare')}-{mode}-s{seed}"}
+            run = {**config, "data_dir": str(out / label / mode), "run_id": f"{config.get('run_id', 'compare')}-{mode}-{label}"}
             run.pop("report", None)
-            print(f"mrl experiment: seed {seed}, mode {mode}", flush=True)
-            results = run_topology(run, path.parent, stop, {**(overrides or {}), "sharing.mode": mode, "seed": seed})
+            print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
+            extra = {"sharing.mode": mode, **({} if seed is None else {"seed": seed})}
+            results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra})
             failed = {p: r["exit_code"] for p, r in results.items() if r["exit_code"] != 0}
             if failed:
-                raise TrainerError(f"mode {mode}, seed {seed}: trainers failed with exit codes {failed}")
+                raise TrainerError(f"mode {mode}, seed {label}: trainers failed with exit codes {failed}")
             runs[mode] = [r["metrics"] for r in results.values()]
-        index = write_compare_report(runs, out / f"s{seed}")
+        index = write_compare_report(runs, out / label)
         print(f"mrl experiment: report {index}", flush=True)
-        figures[f"s{seed}"] = compare(runs)
+        figures[label] = compare(runs)
     return figures
 
 
-def main(topology: str, modes: list[str], seeds: list[int], out: str, overrides: dict) -> None:
+def main(topology: str, modes: list[str], seeds: list[int] | None, out: str, overrides: dict) -> None:
     try:
         figures = run_compare(topology, modes, seeds, out, overrides)
     except TrainerError as exc:
