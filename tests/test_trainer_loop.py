@@ -313,3 +313,16 @@ def test_a_checkpoint_is_never_lost_to_a_resave_or_a_missing_folder(tmp_path):
     (ckpt / "latest").write_text("step-000009\n")          # a crash left `latest` naming nothing
     assert latest_checkpoint(ckpt).name == "step-000002"
     trainer.close()
+
+
+def test_responses_stop_at_any_special_token():
+    """SmolLM2-Instruct ends its chat turns with <|im_end|> but sometimes emits <|endoftext|> (its unk) and
+    babbles on: seen in 325 of 512 demo rollouts before responses stopped at every special token."""
+    from transformers import AutoTokenizer
+
+    from mrl_trainer.rollout.base import stop_token_ids
+    smollm2 = AutoTokenizer.from_pretrained(str(tokenizer_cache_dir() / "smollm2-tokenizer"))
+    model = type("M", (), {"generation_config": type("G", (), {"eos_token_id": 2})()})()
+    assert {0, 1, 2} <= stop_token_ids(model, smollm2)            # <|endoftext|>, <|im_start|>, <|im_end|>
+    _, gpt2 = load_policy(ModelSpec(source="config", tokenizer=GPT2, architecture=TINY), seed=1)
+    assert stop_token_ids(model, gpt2) == {2, 50256}

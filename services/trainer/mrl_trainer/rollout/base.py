@@ -7,7 +7,7 @@ like and peers receive the producer's behaviour log-probs with each rollout.
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["SamplingParams", "Sample", "RolloutEngine"]
+__all__ = ["SamplingParams", "Sample", "RolloutEngine", "stop_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,18 @@ class Sample:
     logprobs: list[float]
     text: str                      # decoded, special tokens skipped
     truncated: bool                # max_new_tokens reached before a stop token
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """Where a response ends: the model's and the tokenizer's EOS, and every other special token.
+
+    A chat response has no special token inside it. SmolLM2-Instruct, for one, sometimes emits
+    <|endoftext|> (its unk/document boundary, not its chat EOS <|im_end|>) and then babbles on; cut
+    there, the verifier reads the answer and peers get a response THL can carry losslessly.
+    """
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = eos if isinstance(eos, list) else [eos]
+    return {i for i in [*eos, tokenizer.eos_token_id, *tokenizer.all_special_ids] if i is not None}
 
 
 class RolloutEngine(Protocol):

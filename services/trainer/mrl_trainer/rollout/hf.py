@@ -8,7 +8,7 @@ one the trainer's log π_θ is computed under. Temperature 0 decodes greedily (e
 """
 import torch
 
-from mrl_trainer.rollout.base import Sample, SamplingParams
+from mrl_trainer.rollout.base import Sample, SamplingParams, stop_token_ids
 
 __all__ = ["HFEngine"]
 
@@ -18,9 +18,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        eos = model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
-        self.stop_ids = {i for i in [*eos, tokenizer.eos_token_id] if i is not None}
+        self.stop_ids = stop_token_ids(model, tokenizer)
 
     def sync_weights(self, model) -> None:
         self.model = model

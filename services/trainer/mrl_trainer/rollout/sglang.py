@@ -13,7 +13,7 @@ import pathlib
 import tempfile
 
 from mrl_trainer.errors import TrainerError
-from mrl_trainer.rollout.base import Sample, SamplingParams
+from mrl_trainer.rollout.base import Sample, SamplingParams, stop_token_ids
 
 __all__ = ["SGLangEngine"]
 
@@ -32,7 +32,7 @@ class SGLangEngine:
         tokenizer.save_pretrained(self._folder.name)
         self.engine = sglang.Engine(model_path=str(pathlib.Path(self._folder.name)), dtype=str(model.dtype).split(".")[-1],
                                     mem_fraction_static=mem_fraction_static, skip_tokenizer_init=True)
-        self.stop_ids = {tokenizer.eos_token_id}
+        self.stop_ids = stop_token_ids(model, tokenizer)
 
     def sync_weights(self, model) -> None:
         self.engine.update_weights_from_tensor(named_tensors=[(n, p.detach()) for n, p in model.named_parameters()])
