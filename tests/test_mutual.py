@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_a_dead_peer_never_blocks_a_policy(tmp_path, exchange, run_id):
             trainer.close()
     train = [r for r in read_metrics(tmp_path / "ckpt" / "metrics.jsonl") if r.get("kind", "train") == "train"]
     assert [r["step"] for r in train] == [0, 1]
-    assert all(r["peers_complete"] == 0 and 0.5 <= r["peer_wait_s"] < 3 and r["sharing"] == "prp" for r in train)
+    assert all(r["peers_complete"] == 0 and 0.5 <= r["peer_wait_s"] < 10 and r["sharing"] == "prp" for r in train)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -169,9 +170,13 @@ def test_peer_inbox_waits_for_complete_batches_and_drops_stale_ones(exchange, ru
             client.publish(_peer_step(run_id, "peer", 0, "p0", [1.0, 0.0])        # stale by step 5
                            + _peer_step(run_id, "peer", 5, "p5", [0.0, 1.0, 1.0])
                            + _peer_step(run_id, "peer", 5, "p6", [1.0])[:1])      # group_stats without its rollout
+            deadline = time.monotonic() + 30                                      # all delivered (a loaded CI box)
+            while time.monotonic() < deadline and not (
+                    inbox._progress(["p5"]) == (1, 1) and "p6" in inbox._entries and "p0" in inbox._entries):
+                time.sleep(0.05)
             arrived = inbox.collect(5, ["p0", "p5", "p6"], timeout_s=1.0)
             assert set(arrived.entries) == {"p5", "p6"} and arrived.complete == pytest.approx(1 / 3)
-            assert 1.0 <= arrived.waited_s < 3                                    # p0 never arrives: waited it out
+            assert 1.0 <= arrived.waited_s < 10                                   # p0 never arrives: waited it out
             batch, stats = to_peer_batch(arrived, ["p0", "p5", "p6"], Retokenizer("gpt2"))
             assert [s.reward for s in batch.rollouts[1]] == [0.0, 1.0, 1.0] and 0 not in batch.rollouts
             assert batch.rollouts[1][0].ids == [33706, 25, 220] and batch.rollouts[1][0].behaviour_mean_logp == -1.0
@@ -186,7 +191,6 @@ def test_peer_inbox_waits_for_complete_batches_and_drops_stale_ones(exchange, ru
 
 def test_rollout_and_update_each_run_inside_a_scheduler_lease(tmp_path, start_scheduler):
     import threading
-    import time
 
     from mrl.scheduler_client import SchedulerClient
     from mrl.v1 import scheduler_pb2 as spb
