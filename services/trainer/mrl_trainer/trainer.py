@@ -80,13 +80,14 @@ class Trainer:
         self.model, self.tokenizer = load_policy(config.model, self.device, seed=config.seed)
         self.task = make_task(config.task)
         found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
-        self.warm_start = None
         if config.warm_start and not found:
             key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
                                   digest_size=8).hexdigest()
-            self.warm_start = warm_start(self.model, self.tokenizer, self.task, config.warm_start,
-                                         system_prompt=config.system_prompt, seed=config.seed, cache_key=key,
-                                         device=self.device)
+            stats = warm_start(self.model, self.tokenizer, self.task, config.warm_start,
+                               system_prompt=config.system_prompt, seed=config.seed, cache_key=key, device=self.device)
+            log.info("warm start: %s", "loaded from the cache" if stats["cached"] else
+                     f"{stats['steps']} steps, loss {stats['initial_loss']:.3f} → {stats['final_loss']:.3f}, "
+                     f"{stats['seconds']:.0f} s")
         self.reference = (copy.deepcopy(self.model).eval().requires_grad_(False) if config.loss.beta > 0 else None)
         self.engine = make_engine(config.rollout.engine, self.model, self.tokenizer, config.rollout.max_batch)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.loss.lr,
@@ -100,6 +101,8 @@ class Trainer:
         self._closing = contextlib.ExitStack()
         self.inbox = self.retokenize = self.scheduler = None
         if self.sharing.kinds:
+            if exchange is None:
+                raise TrainerError(f"sharing mode {self.sharing.name!r} takes peers' experience: pass an exchange client")
             self.inbox = self._closing.enter_context(contextlib.closing(PeerInbox(
                 exchange, config.run_id, config.policy, self.sharing.kinds, config.sharing.peers,
                 config.sharing.max_staleness)))
