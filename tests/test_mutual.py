@@ -256,3 +256,23 @@ def test_the_demo_topology_names_valid_trainer_configs():
     assert configs[0].rollout.prompts_per_step == configs[1].rollout.prompts_per_step
     assert configs[0].sharing.peers == [configs[1].policy] and configs[1].sharing.peers == [configs[0].policy]
     assert configs[0].exchange.tokenizer_id != configs[1].exchange.tokenizer_id     # THL is in the loop
+
+
+def test_a_redelivered_peer_experience_is_stored_once(start_exchange, run_id):
+    """Entries left unacked past the visibility timeout (a fast peer's next step while this trainer updates)
+    come again; the inbox recognises them by experience id."""
+    from mrl_trainer.peers import PeerInbox
+    exchange = start_exchange(visibility_timeout_s=0.5)
+    with ExchangeClient(exchange.target) as client:
+        inbox = PeerInbox(client, run_id, "me", ("rollout",), ["peer"], max_staleness=1)
+        try:
+            client.publish(_peer_step(run_id, "peer", 3, "p3", [0.0, 1.0]))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and sum(len(e.deliveries) for e in inbox._entries.get("p3", {}).values()) < 6:
+                time.sleep(0.1)                            # 3 experiences, each delivered at least twice
+            arrived = inbox.collect(3, ["p3"], timeout_s=5)
+            entry = arrived.entries["p3"]["peer"]
+            assert len(entry.deliveries) >= 6 and len(entry.rollouts) == 2 and entry.group_rewards == [0.0, 1.0]
+            assert arrived.complete == 1.0
+        finally:
+            inbox.close()

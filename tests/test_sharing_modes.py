@@ -36,7 +36,7 @@ def peer(prompt_index: int, n_tokens: int, reward: float, *, behaviour: float = 
     """A peer sample whose text, by default, is what answer_verifier scores `reward` (the answer iff reward 1)."""
     text = (f"a{prompt_index}" if reward >= 1 else f"score:{reward}") if text is None else text
     return PeerSample(producer=producer, prompt_index=prompt_index, ids=list(range(20, 20 + n_tokens)), text=text,
-                      reward=reward, behaviour_mean_logp=behaviour, version=0)
+                      reward=reward, behaviour_mean_logp=behaviour)
 
 
 def answer_verifier(batch: StepBatch) -> Verifier:

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import yaml
 
@@ -155,7 +156,8 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
             r = running[name].ready
             print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST http://127.0.0.1:{r['admin_port']}/docs",
                   flush=True)
-        trainers = {}
+        trainers: dict = {}
+        stack.callback(_stop_trainers, trainers, results)   # runs before the services and Redis stop
         specs = config.get("trainers") or []
         threads = max(1, (os.cpu_count() or 1) // max(len(specs), 1))
         for spec in specs:
@@ -170,16 +172,22 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
                     raise SystemExit(f"{name} exited with code {process.proc.returncode}")
             if trainers and all(proc.poll() is not None for proc, _ in trainers.values()):
                 break
-        for proc, _ in trainers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for policy, (proc, metrics) in trainers.items():
-            try:
-                proc.wait(TRAINER_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            results[policy] = {"exit_code": proc.wait(), "metrics": metrics}
     return results
+
+
+def _stop_trainers(trainers: dict, results: dict) -> None:
+    """SIGTERM the trainers still running (each finishes its step and checkpoints), wait for all of them
+    within one grace period, kill what is left; record {policy: exit code, metrics path} in `results`."""
+    for proc, _ in trainers.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + TRAINER_STOP_GRACE_S
+    for policy, (proc, metrics) in trainers.items():
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        results[policy] = {"exit_code": proc.wait(), "metrics": metrics}
 
 
 def up(config_path: str) -> dict:

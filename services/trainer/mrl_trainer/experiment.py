@@ -55,13 +55,13 @@ def _run_modes(config: dict, path: pathlib.Path, modes: list[str], seeds: list[i
         label = "config" if seed is None else f"s{seed}"
         runs = {}
         for mode in modes:
-            if stop.is_set():
-                raise TrainerError("stopped before every mode had run")
             run = {**config, "data_dir": str(out / label / mode), "run_id": f"{config.get('run_id', 'compare')}-{mode}-{label}"}
             run.pop("report", None)
             print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
             extra = {"sharing.mode": mode, **({} if seed is None else {"seed": seed})}
             results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra})
+            if stop.is_set():        # its trainers stopped early (and exited 0): not a complete run
+                raise TrainerError(f"stopped during mode {mode}; runs so far are under {out / label}")
             failed = {p: r["exit_code"] for p, r in results.items() if r["exit_code"] != 0}
             if failed:
                 raise TrainerError(f"mode {mode}, seed {label}: trainers failed with exit codes {failed}")

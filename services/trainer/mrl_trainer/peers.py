@@ -12,8 +12,11 @@ configured peers; with none configured, at least one producer) is complete for e
 when the timeout passes, whichever is first: a slow or dead peer never blocks a policy.
 
 Staleness: an experience whose policy version is below (own step − max_staleness) is dropped on
-arrival and pruned while waiting. Deliveries are acked once used or dropped (at-least-once: what
-a crashed trainer had not acked is delivered again).
+arrival and pruned while waiting. Deliveries are acked when `collect` takes them for a step, or
+when dropped; a delivery left unacked past the exchange's visibility timeout (e.g. a fast peer's
+next step while this trainer updates) comes again and is recognised by its experience id. A
+trainer resumed from an earlier checkpoint replays its steps without the peers' experience it
+had already taken (each such step waits `peer_wait_s`, then goes on).
 """
 import collections
 import logging
@@ -36,9 +39,10 @@ class _Entry:
     """One producer's experience of one prompt."""
     version: int
     group_rewards: list[float] | None = None
-    rollouts: list = field(default_factory=list)      # (version, pb.Rollout)
-    successes: list = field(default_factory=list)     # (version, pb.VerifiedSuccess)
+    rollouts: list = field(default_factory=list)      # pb.Rollout
+    successes: list = field(default_factory=list)     # pb.VerifiedSuccess
     deliveries: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)       # experience ids: a redelivery is not stored twice
 
 
 @dataclass
@@ -60,39 +64,47 @@ class PeerInbox:
         self._capability: dict[str, tuple[int, float]] = {}
         self._cond = threading.Condition()
         self._error: Exception | None = None
+        self._closing = False
         self._sub = exchange.subscribe(run_id, policy, kinds=self.kinds, producers=self.peers, start="earliest",
                                        max_in_flight=1024)
         self._thread = threading.Thread(target=self._pump, name=f"peers-{policy}", daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
+        error: Exception = TrainerError("the exchange ended the subscription to the peers' experience")
         try:
             for delivery in self._sub:
-                self._add(delivery)
-        except MrlError as exc:
+                self._ack(self._add(delivery))
+        except Exception as exc:     # noqa: BLE001 - any end of the pump is reported by the next collect()
+            error = exc
+        finally:
             with self._cond:
-                self._error = exc
+                if not self._closing:
+                    self._error = error
                 self._cond.notify_all()
 
-    def _add(self, delivery) -> None:
+    def _add(self, delivery) -> list[str]:
+        """Store one delivery; returns the delivery ids to ack now (stale, or policy_stats)."""
         e, kind = delivery.experience, kind_of(delivery.experience)
         with self._cond:
             if e.policy_version < self._floor:
-                self._ack([delivery.delivery_id])
-                return
+                return [delivery.delivery_id]
             if kind == "policy_stats":
                 if e.policy_version >= self._capability.get(e.producer, (-1, 0.0))[0]:
                     self._capability[e.producer] = (e.policy_version, e.policy_stats.capability)
-                self._ack([delivery.delivery_id])
-                return
+                return [delivery.delivery_id]
             payload = getattr(e, kind)
             entry = self._entries[payload.prompt_id].setdefault(e.producer, _Entry(e.policy_version))
+            entry.deliveries.append(delivery.delivery_id)
+            if e.experience_id in entry.seen:
+                return []
+            entry.seen.add(e.experience_id)
             if kind == "group_stats":
                 entry.group_rewards = list(payload.rewards)
             else:
-                (entry.rollouts if kind == "rollout" else entry.successes).append((e.policy_version, payload))
-            entry.deliveries.append(delivery.delivery_id)
+                (entry.rollouts if kind == "rollout" else entry.successes).append(payload)
             self._cond.notify_all()
+            return []
 
     def _ack(self, delivery_ids: list[str]) -> None:
         if delivery_ids:
@@ -119,7 +131,8 @@ class PeerInbox:
                 done += any(self._complete(x) for x in by_producer.values())
         return done, len(prompt_ids) * max(len(self.peers), 1)
 
-    def _prune(self) -> None:
+    def _prune(self) -> list[str]:
+        """Drop entries below the staleness floor; returns their delivery ids (to ack outside the lock)."""
         stale = []
         for pid, by_producer in list(self._entries.items()):
             for producer, entry in list(by_producer.items()):
@@ -128,7 +141,7 @@ class PeerInbox:
                     del by_producer[producer]
             if not by_producer:
                 del self._entries[pid]
-        self._ack(stale)
+        return stale
 
     def collect(self, step: int, prompt_ids: list[str], timeout_s: float, stop=lambda: False) -> Arrived:
         """The peers' experience of these prompts: waits until complete, `timeout_s` or stop(), then takes
@@ -136,7 +149,7 @@ class PeerInbox:
         start = time.monotonic()
         with self._cond:
             self._floor = step - self.max_staleness
-            self._prune()
+            stale = self._prune()
             while True:
                 if self._error is not None:
                     raise TrainerError(f"the subscription to the peers' experience failed: {self._error}")
@@ -146,11 +159,15 @@ class PeerInbox:
                     break
                 self._cond.wait(min(left, 0.5))
             taken = {pid: self._entries.pop(pid) for pid in prompt_ids if pid in self._entries}
-            self._ack([d for by_producer in taken.values() for entry in by_producer.values() for d in entry.deliveries])
             capability = {producer: value for producer, (_, value) in self._capability.items()}
-        return Arrived(taken, capability, time.monotonic() - start, done / expected)
+        waited = time.monotonic() - start
+        self._ack(stale + [d for by_producer in taken.values() for entry in by_producer.values()
+                           for d in entry.deliveries])          # an ack is an RPC: never under the lock
+        return Arrived(taken, capability, waited, done / expected)
 
     def close(self) -> None:
+        with self._cond:
+            self._closing = True
         self._sub.close()
         self._thread.join(timeout=5)
 
@@ -187,19 +204,19 @@ class Retokenizer:
 def to_peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict]:
     """The arrived experience as a PeerBatch in this policy's tokens, and stats (peer_wait_s, peers_complete, thl_*)."""
     batch = PeerBatch(capability=dict(arrived.capability))
-    pending = []     # (target dict, prompt index, producer, version, payload, behaviour mean log-prob)
+    pending = []     # (target dict, prompt index, producer, payload, behaviour mean log-prob)
     for p, pid in enumerate(prompt_ids):
         for producer, entry in arrived.entries.get(pid, {}).items():
             if entry.group_rewards is not None:
                 batch.group_rewards.setdefault(p, []).extend(entry.group_rewards)
-            for version, r in entry.rollouts:
+            for r in entry.rollouts:
                 if r.logprobs and len(r.logprobs) == len(r.token_ids):   # ρ needs the behaviour log-probs
-                    pending.append((batch.rollouts, p, producer, version, r, sum(r.logprobs) / len(r.logprobs)))
-            for version, s in entry.successes:
-                pending.append((batch.successes, p, producer, version, s, 0.0))
-    ids, stats = retokenize([(x[4].tokenizer_id, list(x[4].token_ids)) for x in pending])
-    for (target, p, producer, version, payload, mean_logp), own_ids in zip(pending, ids):
+                    pending.append((batch.rollouts, p, producer, r, sum(r.logprobs) / len(r.logprobs)))
+            for s in entry.successes:
+                pending.append((batch.successes, p, producer, s, 0.0))
+    ids, stats = retokenize([(x[3].tokenizer_id, list(x[3].token_ids)) for x in pending])
+    for (target, p, producer, payload, mean_logp), own_ids in zip(pending, ids):
         target.setdefault(p, []).append(PeerSample(
             producer=producer, prompt_index=p, ids=own_ids, text=payload.response_text, reward=payload.reward,
-            behaviour_mean_logp=mean_logp, version=version))
+            behaviour_mean_logp=mean_logp))
     return batch, {"peer_wait_s": arrived.waited_s, "peers_complete": arrived.complete, **stats}

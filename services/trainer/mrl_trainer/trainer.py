@@ -203,10 +203,8 @@ class Trainer:
             with torch.no_grad():
                 old = [completion_logprobs(self.model, [own[0][i] for i in g], [own[1][i] for i in g], pad,
                                            temperature)[0] for g in own_groups]
-        sums: dict[str, float] = {}
-        per_sequence: dict[str, list] = {}
-        for m in range(loss_cfg.updates_per_step):
-            loss_total = 0.0
+        for m in range(loss_cfg.updates_per_step):     # the statistics reported are the last update's
+            loss_total, sums, per_sequence = 0.0, {}, {}
             for k, g in enumerate(own_groups):
                 mb_prompts, mb_completions = [own[0][i] for i in g], [own[1][i] for i in g]
                 logp, mask = completion_logprobs(self.model, mb_prompts, mb_completions, pad, temperature)
@@ -226,9 +224,8 @@ class Trainer:
                 loss, stats = self.sharing.extra_loss(logp, mask, [extras[i] for i in g], update=m,
                                                       max_tokens=max_tokens, totals=plan.extra_totals)
                 loss_total += self._backward(loss, batch.step)
-                if m == loss_cfg.updates_per_step - 1:      # the statistics of the step's last update
-                    for name, values in stats.items():
-                        per_sequence.setdefault(name, []).append(values.detach().cpu())
+                for name, values in stats.items():
+                    per_sequence.setdefault(name, []).append(values.detach().cpu())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)

@@ -18,9 +18,10 @@ import torch
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import group_advantages, policy_loss
+from mrl_trainer.losses import group_advantages, masked_seq_mean, policy_loss
 
-__all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored"]
+__all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
+           "cross_log_ratio"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class PeerSample:
     text: str
     reward: float                    # the producer's claimed reward (SGT never trusts it)
     behaviour_mean_logp: float       # (1/|y|_j) Σ_t log π_old^j(y_t): over the producer's own tokens
-    version: int                     # the producer's policy version when it sampled
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Plan:
     advantages: Tensor
     extras: list[Extra] = field(default_factory=list)
     totals: dict = field(default_factory=dict)          # num_sequences / num_tokens for the own (pooled) loss
-    extra_totals: dict = field(default_factory=dict)    # the extras' normalisers, when they differ
+    extra_totals: dict = field(default_factory=dict)    # the extras' whole-step normalisers (required with extras)
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -79,6 +79,18 @@ def rescored(samples: list[PeerSample], verify: Verifier) -> tuple[list[PeerSamp
     trusted: a poisoned or differently-scored peer cannot move the advantages), and how many claims differed."""
     out = [replace(s, reward=verify(s.prompt_index, s.text)) for s in samples]
     return out, sum(a.reward != b.reward for a, b in zip(samples, out))
+
+
+def pooled_peers(peers: PeerBatch, prompt_index: int, per_prompt: int, verify: Verifier) -> tuple[list[PeerSample], int]:
+    """The peer rollouts of one prompt that join its group (PRP, HACPO): non-empty, at most `per_prompt`,
+    re-scored by this policy's verifier; and how many claimed rewards that changed."""
+    return rescored([s for s in peers.rollouts.get(prompt_index, []) if s.ids][:per_prompt], verify)
+
+
+def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor) -> Tensor:
+    """log s = (1/|y|_k) Σ_t log π_θ^k(y_t) − (1/|y|_j) Σ_t log π_old^j(y_t), each side over its own tokens:
+    logp, mask (N, T) in k's tokens; behaviour_mean_logp (N,) from the producer j. Differentiable in logp."""
+    return masked_seq_mean(logp, mask) - behaviour_mean_logp
 
 
 class SharingMode:

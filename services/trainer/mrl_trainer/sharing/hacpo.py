@@ -29,9 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, masked_seq_mean, policy_loss
+from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_loss
 from mrl_trainer.losses import Aggregation
-from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, rescored
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio, pooled_peers
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -79,7 +79,7 @@ def peer_loss(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, advantage
 
     logp, mask (N, T); behaviour_mean_logp, advantages, weights ω^(j,k) (N,).
     """
-    ratio = torch.exp(masked_seq_mean(logp, mask) - behaviour_mean_logp)             # s (N,)
+    ratio = torch.exp(cross_log_ratio(logp, mask, behaviour_mean_logp))               # s (N,)
     clipped = ratio.clamp(min=lower, max=1.0)
     term = clipped * clipped.detach() ** alpha * weights * advantages
     loss = aggregate(-term.unsqueeze(-1), mask, aggregation, max_tokens=max_tokens, num_sequences=num_sequences,
@@ -96,7 +96,7 @@ class HACPO(SharingMode):
         own_advantages, extras, omega_used = [], [], []
         n_peer = peer_tokens = disputed = 0
         for p, group in enumerate(batch.rewards):
-            pooled, differ = rescored([s for s in peers.rollouts.get(p, []) if s.ids][:cfg.per_prompt], verify)
+            pooled, differ = pooled_peers(peers, p, cfg.per_prompt, verify)
             disputed += differ
             omega_kj = [capability_ratio(capability, peers.capability.get(s.producer, capability)) for s in pooled]
             advantages = mixed_advantages(

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import aggregate, group_advantages, masked_seq_mean
-from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, rescored
+from mrl_trainer.losses import aggregate, group_advantages
+from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio, pooled_peers
 
 __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
@@ -40,7 +40,7 @@ class PRPConfig(BaseModel):
 
 def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, c: float) -> tuple[Tensor, Tensor]:
     """(log ρ, ρ̄) per sequence (N,): log ρ = masked mean log π_θ^k − behaviour mean log π^j; ρ̄ = min(e^{log ρ}, c)."""
-    log_rho = masked_seq_mean(logp.detach(), mask) - behaviour_mean_logp
+    log_rho = cross_log_ratio(logp.detach(), mask, behaviour_mean_logp)
     return log_rho, torch.exp(log_rho).clamp(max=c)
 
 
@@ -61,8 +61,7 @@ class PRP(SharingMode):
         rewards, groups, members = [], [], []          # members: None for own, the PeerSample for a peer
         disputed = 0
         for p, group in enumerate(batch.rewards):
-            pooled, differ = rescored([s for s in peers.rollouts.get(p, []) if s.ids][:self.sharing.prp.per_prompt],
-                                      verify)
+            pooled, differ = pooled_peers(peers, p, self.sharing.prp.per_prompt, verify)
             disputed += differ
             rewards += [*group, *(s.reward for s in pooled)]
             groups += [p] * (len(group) + len(pooled))
