@@ -40,7 +40,8 @@ import yaml
 from mrl.child_process import die_with_parent
 from mrl.embedded_redis import EmbeddedRedis
 
-__all__ = ["ServiceProcess", "SERVICES", "spawn", "redis_for", "up", "run_topology", "TRAINER_STOP_GRACE_S"]
+__all__ = ["ServiceProcess", "SERVICES", "spawn", "redis_for", "up", "run_topology", "stop_on_signals", "data_dir_of",
+           "TRAINER_STOP_GRACE_S"]
 
 TRAINER_STOP_GRACE_S = 600   # a trainer asked to stop finishes its step and checkpoints first
 
@@ -134,6 +135,23 @@ def _start_trainer(path: str, overrides: dict, threads: int) -> subprocess.Popen
     return subprocess.Popen(args, env=env, preexec_fn=die_with_parent, start_new_session=True)
 
 
+def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
+    """A topology's data_dir (relative to its file's folder `base`), absolute."""
+    return (base / config.get("data_dir", ".mrl/local")).resolve()
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """An Event set by SIGINT or SIGTERM while the block runs; the previous handlers come back after it."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None) -> dict:
     """Start Redis, the services and the trainers of a topology; return {policy: exit code, metrics path}.
 
@@ -142,7 +160,7 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
     valid = {"redis_url", "data_dir", "run_id", "trainers", "report", *SERVICES}
     if set(config) - valid:
         raise SystemExit(f"unknown topology keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
-    data_dir = (base / config.get("data_dir", ".mrl/local")).resolve()
+    data_dir = data_dir_of(config, base)
     results: dict = {}
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(redis_for(config.get("redis_url"), data_dir))
@@ -196,10 +214,8 @@ def up(config_path: str) -> dict:
         raise SystemExit(f"topology file {str(path)!r} does not exist (the examples are in the repository's "
                          f"examples/ folder: run from its root)")
     config = yaml.safe_load(path.read_text()) or {}
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    results = run_topology(config, path.parent, stop)
+    with stop_on_signals() as stop:
+        results = run_topology(config, path.parent, stop)
     print("mrl up: stopped", flush=True)
     for policy, r in results.items():
         print(f"  trainer {policy}: exit code {r['exit_code']}, metrics {r['metrics']}", flush=True)
@@ -208,7 +224,7 @@ def up(config_path: str) -> dict:
         from mrl_trainer.report import write_report
         try:
             out = write_report([r["metrics"] for r in results.values() if pathlib.Path(r["metrics"]).is_file()],
-                               (path.parent / config.get("data_dir", ".mrl/local") / config["report"]).resolve(),
+                               data_dir_of(config, path.parent) / config["report"],
                                title=f"mrl run {config.get('run_id', 'local')}")
             print(f"mrl up: report {out}", flush=True)
         except TrainerError as exc:

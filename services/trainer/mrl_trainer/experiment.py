@@ -12,12 +12,11 @@ accuracy. The last line printed is one JSON object with those figures.
 """
 import json
 import pathlib
-import signal
 import threading
 
 import yaml
 
-from mrl.topology import run_topology
+from mrl.topology import run_topology, stop_on_signals
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.report import compare, write_compare_report
 from mrl_trainer.sharing import SHARING_MODES
@@ -39,13 +38,8 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     out = pathlib.Path(out).resolve()
     if out.exists() and any(out.iterdir()):   # its trainers would resume from the old checkpoints
         raise TrainerError(f"{out} is not empty: a comparison starts from scratch; remove it or pass another --out")
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_on_signals() as stop:
         return _run_modes(config, path, modes, seeds, out, overrides, stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _run_modes(config: dict, path: pathlib.Path, modes: list[str], seeds: list[int] | None, out: pathlib.Path,
