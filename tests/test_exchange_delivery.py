@@ -260,7 +260,9 @@ def test_ended_subscriptions_leave_no_consumers_behind(start_exchange, run_id):
             names = [c["name"] for c in r.xinfo_consumers(key, "policy-b")]
             assert len(names) == 1, names  # only the live subscription's consumer
             last.close()
-            time.sleep(0.3)
+            deadline = time.monotonic() + 10   # removed once the server sees the stream end (slower under load)
+            while r.xinfo_consumers(key, "policy-b") and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert r.xinfo_consumers(key, "policy-b") == []  # gone with nothing pending
         finally:
             subscription._SWEEP_S = old
