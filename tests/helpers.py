@@ -1,4 +1,5 @@
 """Builders of valid experiences and auth files for the tests."""
+import importlib.util
 import json
 import pathlib
 import subprocess
@@ -6,6 +7,7 @@ import sys
 
 import yaml
 
+from mrl.assets import tokenizer_cache_dir
 from mrl.auth import hash_token, new_token
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
@@ -52,3 +54,36 @@ def run_quick_bench(name: str, cwd: pathlib.Path, timeout_s: float) -> dict:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["bench"] == name and result["quick"] is True and result["machine"]
     return result
+
+
+# --- a tiny trainer config (GPT-2 architecture, 2 layers, over the real GPT-2 tokenizer) --------------
+GPT2 = str(tokenizer_cache_dir() / "gpt2.tiktoken")
+TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256}
+
+
+def tiny_config(tmp_path: pathlib.Path, **overrides) -> dict:
+    config = {
+        "policy": "tiny", "run_id": "test", "seed": 3, "steps": 2,
+        "model": {"source": "config", "tokenizer": GPT2, "architecture": TINY},
+        "task": {"family": "arithmetic", "level": 1, "seed": 0},
+        "rollout": {"group_size": 3, "prompts_per_step": 2, "max_new_tokens": 6, "temperature": 1.0},
+        "loss": {"lr": 1e-3, "micro_batch_tokens": 64},
+        "eval": {"every": 0, "problems": 4},
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "every": 1},
+        "metrics": {"progress": False},
+    }
+    for key, value in overrides.items():
+        section, _, leaf = key.rpartition(".")
+        (config.setdefault(section, {}) if section else config)[leaf] = value
+    return config
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    """A module of scripts/ (they are not a package), e.g. load_script("gen_proto")."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

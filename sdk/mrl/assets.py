@@ -1,4 +1,4 @@
-"""Where this machine keeps the real assets no hub can give us (DESIGN.md §6).
+"""Where this machine keeps the real assets no hub can give us (docs/deployment.md, "Models and tokenizers").
 
     tokenizer_cache_dir()   $MRL_TOKENIZER_CACHE or ~/.cache/mrl/tokenizers (`make tokenizers` fills it)
     model_cache_dir()       $MRL_MODEL_CACHE or ~/.cache/mrl/models (GGUF files converted to safetensors)

@@ -9,14 +9,19 @@ The auth file stores only their sha256, never the tokens:
         policy: qwen-0.5b       # the only producer/subscriber id it may use
         runs: ["run-7"]         # runs it belongs to; ["*"] for all
         token_sha256: 3f1a...   # `mrl token new` prints a token and this hash
+                                # (`--auth-file auth.yaml` adds the entry to the file: `add_principal`)
 
 With no principals configured, auth is off: every caller is the admin `anonymous`, and the
 services bind only to loopback (see `loopback_only`).
 """
+import contextlib
+import fcntl
 import hashlib
 import ipaddress
+import os
 import pathlib
 import secrets
+import tempfile
 from typing import Literal
 
 import yaml
@@ -24,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from mrl.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
-__all__ = ["Principal", "Authenticator", "hash_token", "new_token", "ANONYMOUS", "is_loopback"]
+__all__ = ["Principal", "Authenticator", "add_principal", "hash_token", "new_token", "ANONYMOUS", "is_loopback"]
 
 
 def hash_token(token: str) -> str:
@@ -119,3 +124,53 @@ class Authenticator:
         if principal is None:
             raise Unauthenticated("unknown token")
         return principal
+
+
+def add_principal(path: str | pathlib.Path, entry: dict) -> None:
+    """Add `entry` (a principal, as the auth file holds it) to the auth file at `path`, created if missing.
+
+    The file is rewritten whole (its comments are not kept) through a temporary file renamed over it, so
+    a reader sees the old file or the new one, never half of one. InvalidArgument, the file untouched,
+    when it does not load or already holds a principal of that name."""
+    path = pathlib.Path(path)
+    try:
+        with _locked(path.parent):             # two `mrl token new --auth-file` at once: one after the other
+            doc: dict = {}
+            if path.exists():
+                Authenticator.from_file(path)  # it must load as it is
+                doc = yaml.safe_load(path.read_text()) or {}
+            principals = doc.setdefault("principals", [])
+            if any(p["name"] == entry["name"] for p in principals):
+                raise InvalidArgument(f"principal {entry['name']!r} is already in {path}: choose another name, or "
+                                      f"remove its entry first")
+            principals.append(entry)
+            _replace(path, yaml.safe_dump(doc, sort_keys=False))
+    except OSError as exc:
+        raise InvalidArgument(f"auth file {path}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _locked(folder: pathlib.Path):
+    """An exclusive flock on a folder (no lock file left behind) for the block."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _replace(path: pathlib.Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path` (mode 0600, or path's), then rename it over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -25,6 +25,7 @@ __all__ = ["MrlError", "InvalidArgument", "Unauthenticated", "PermissionDenied",
 class MrlError(Exception):
     grpc_code = grpc.StatusCode.INTERNAL
     http_status = 500
+    exit_code = 2          # what the `mrl` command exits with when it stops on this error
 
 
 class InvalidArgument(MrlError):

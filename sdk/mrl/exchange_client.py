@@ -6,9 +6,10 @@
             use(d.experience)
             d.ack()
 
-Both twins share `_Requests`, which opens the channel and builds and checks requests. Publish is
-retried with exponential backoff while the exchange is UNAVAILABLE (it is idempotent by
-experience id); a subscription reconnects with backoff, and whatever it had not acked
+Both twins share `_Requests`, which opens the channel and builds and checks requests. Publish and
+Ack are retried with exponential backoff while the exchange is UNAVAILABLE (both are idempotent)
+for the client's retry budget, 30 s unless the caller passes its own `Backoff` (enough to ride
+out an exchange restart); a subscription reconnects with backoff, and whatever it had not acked
 is delivered again after the visibility timeout. gRPC errors become `mrl.errors` exceptions.
 """
 import asyncio
@@ -26,6 +27,7 @@ from mrl.v1 import experience_pb2 as pb
 __all__ = ["ExchangeClient", "AsyncExchangeClient", "Delivery", "Backoff"]
 
 _START = {"latest": xpb.START_POSITION_LATEST, "earliest": xpb.START_POSITION_EARLIEST}
+RETRY_BUDGET_S = 30.0  # how long Publish and Ack are retried while the exchange is UNAVAILABLE, by default
 
 
 class Delivery:
@@ -54,6 +56,7 @@ class _Requests:
     def __init__(self, target: str, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int,
                  aio: bool = False):
         self.channel, self.metadata = open_channel(target, token, tls_root_cert, max_message_bytes, aio)
+        self.max_message_bytes = max_message_bytes
 
     @staticmethod
     def publish(experiences: Iterable[pb.Experience]) -> xpb.PublishRequest:
@@ -62,15 +65,16 @@ class _Requests:
             experience.validate(e)
         return xpb.PublishRequest(experiences=batch)
 
-    @staticmethod
-    def subscribe(run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
+    def subscribe(self, run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
                   min_policy_version, max_version_lag, visibility_timeout_s) -> xpb.SubscribeRequest:
+        """The request; its max_response_bytes is the channel's receive limit, so no response is refused."""
         if start not in _START:
             raise errors.InvalidArgument(f"start {start!r} must be one of {', '.join(_START)}")
         req = xpb.SubscribeRequest(
             run_id=run_id, subscriber=subscriber, kinds=[experience.kind_enum(k) for k in kinds],
             producers=list(producers), include_own=include_own, start=_START[start], max_in_flight=max_in_flight,
-            min_policy_version=min_policy_version, visibility_timeout_ms=int(visibility_timeout_s * 1000))
+            min_policy_version=min_policy_version, visibility_timeout_ms=int(visibility_timeout_s * 1000),
+            max_response_bytes=min(max(self.max_message_bytes, 0), 2**32 - 1))  # < 0: unlimited → 0: default
         if max_version_lag is not None:
             req.max_version_lag = max_version_lag
         return req
@@ -82,7 +86,7 @@ class ExchangeClient(BlockingClient):
         self._req = _Requests(target, token, tls_root_cert, max_message_bytes)
         self._channel = self._req.channel
         self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or Backoff(attempts=None, budget_s=RETRY_BUDGET_S)
 
     def _call(self, method, request, retry: bool = False):
         return call(method, request, self._req.metadata, self.backoff, retry)
@@ -173,7 +177,7 @@ class AsyncExchangeClient:
         self._req = _Requests(target, token, tls_root_cert, max_message_bytes, aio=True)
         self._channel = self._req.channel
         self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or Backoff(attempts=None, budget_s=RETRY_BUDGET_S)
 
     async def __aenter__(self):
         return self

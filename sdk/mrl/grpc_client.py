@@ -18,15 +18,25 @@ __all__ = ["Backoff", "BlockingClient", "open_channel", "call", "retry_delay"]
 
 
 class Backoff:
-    """Delays base·2^n (capped at `cap`, with ±50% jitter) for at most `attempts` tries (None: forever)."""
+    """Delays base·2^n (capped at `cap`, with ±50% jitter) for at most `attempts` tries (None: no limit) and,
+    with `budget_s`, until that many seconds have passed since the first delay was asked for (the last delay is
+    cut to end there, so a call is tried once more at the budget's end)."""
 
-    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0, attempts: int | None = 6):
-        self.base_s, self.cap_s, self.attempts = base_s, cap_s, attempts
+    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0, attempts: int | None = 6,
+                 budget_s: float | None = None):
+        self.base_s, self.cap_s, self.attempts, self.budget_s = base_s, cap_s, attempts, budget_s
 
     def delays(self):
+        end = None if self.budget_s is None else time.monotonic() + self.budget_s
         n = 0
         while self.attempts is None or n < self.attempts - 1:
-            yield min(self.cap_s, self.base_s * 2 ** n) * random.uniform(0.5, 1.5)
+            delay = min(self.cap_s, self.base_s * 2 ** n) * random.uniform(0.5, 1.5)
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                delay = min(delay, left)
+            yield delay
             n += 1
 
 
@@ -35,7 +45,9 @@ def open_channel(target: str, token: str | None, tls_root_cert: bytes | None, ma
     """A channel to `target` (TLS when `tls_root_cert` is given) and the metadata carrying the bearer token."""
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     options = [("grpc.max_receive_message_length", max_message_bytes),
-               ("grpc.max_send_message_length", max_message_bytes)]
+               ("grpc.max_send_message_length", max_message_bytes),
+               # a server back from a restart is reconnected to within 2 s (gRPC's default wait grows to 120 s)
+               ("grpc.max_reconnect_backoff_ms", 2000)]
     module = grpc.aio if aio else grpc
     if tls_root_cert is not None:
         return module.secure_channel(target, grpc.ssl_channel_credentials(tls_root_cert), options), metadata

@@ -34,7 +34,7 @@ class PublishResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., duplicate_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("run_id", "subscriber", "kinds", "producers", "include_own", "start", "max_in_flight", "min_policy_version", "max_version_lag", "visibility_timeout_ms")
+    __slots__ = ("run_id", "subscriber", "kinds", "producers", "include_own", "start", "max_in_flight", "min_policy_version", "max_version_lag", "visibility_timeout_ms", "max_response_bytes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class SubscribeRequest(_message.Message):
     MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_VERSION_LAG_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     subscriber: str
     kinds: _containers.RepeatedScalarFieldContainer[_experience_pb2.ExperienceKind]
@@ -55,7 +56,8 @@ class SubscribeRequest(_message.Message):
     min_policy_version: int
     max_version_lag: int
     visibility_timeout_ms: int
-    def __init__(self, run_id: _Optional[str] = ..., subscriber: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[_experience_pb2.ExperienceKind, str]]] = ..., producers: _Optional[_Iterable[str]] = ..., include_own: _Optional[bool] = ..., start: _Optional[_Union[StartPosition, str]] = ..., max_in_flight: _Optional[int] = ..., min_policy_version: _Optional[int] = ..., max_version_lag: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ...) -> None: ...
+    max_response_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., subscriber: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[_experience_pb2.ExperienceKind, str]]] = ..., producers: _Optional[_Iterable[str]] = ..., include_own: _Optional[bool] = ..., start: _Optional[_Union[StartPosition, str]] = ..., max_in_flight: _Optional[int] = ..., min_policy_version: _Optional[int] = ..., max_version_lag: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("delivery_id", "experience", "redelivered", "appended_at_ms")

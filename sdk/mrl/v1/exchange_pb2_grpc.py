@@ -66,7 +66,8 @@ class ExperienceExchangeServicer:
 
     def Publish(self, request, context):
         """Appends a batch atomically: all valid experiences are appended, or none (INVALID_ARGUMENT).
-        Idempotent by experience_id: an id seen before is counted as a duplicate, not appended.
+        Idempotent by (run_id, producer, experience_id) for MRL_DEDUPE_TTL_S (1 h): an id seen before is
+        counted as a duplicate, not appended, so a batch whose answer was lost can be sent again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -76,13 +77,16 @@ class ExperienceExchangeServicer:
         """Server stream of deliveries to one subscribing policy (its consumer group).
         At most `max_in_flight` deliveries are un-acked at any time (credit-based flow control);
         un-acked deliveries are delivered again after the visibility timeout (at-least-once).
+        Each response is at most `max_response_bytes`. The stream ends only with an error:
+        UNAVAILABLE (subscribe again: what was not acked is delivered again) or one named above.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Ack(self, request, context):
-        """Acknowledges deliveries; returns credit to the subscription that received them.
+        """Acknowledges deliveries (idempotent): the entries leave the policy's pending list for good,
+        and their credit returns at once to the policy's subscription that holds them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

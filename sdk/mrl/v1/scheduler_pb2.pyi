@@ -24,20 +24,22 @@ LEASE_EVENT_TYPE_EXPIRED: LeaseEventType
 LEASE_EVENT_TYPE_REVOKED: LeaseEventType
 
 class Device(_message.Message):
-    __slots__ = ("device_id", "node", "index", "memory_bytes", "kind", "lease_id")
+    __slots__ = ("device_id", "node", "index", "memory_bytes", "kind", "lease_id", "leased")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     node: str
     index: int
     memory_bytes: int
     kind: str
     lease_id: str
-    def __init__(self, device_id: _Optional[str] = ..., node: _Optional[str] = ..., index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    leased: bool
+    def __init__(self, device_id: _Optional[str] = ..., node: _Optional[str] = ..., index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., lease_id: _Optional[str] = ..., leased: _Optional[bool] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("run_id", "policy", "worker", "phase", "devices", "min_memory_bytes", "same_node", "ttl_ms", "wait_timeout_ms", "step_cost")

@@ -9,9 +9,9 @@ from fastapi import Depends, FastAPI, Query
 
 from mrl import experience
 from mrl.auth import Authenticator
-from mrl.ratelimit import RateLimiter
-from mrl.redis_io import redis_ready
-from mrl.serving import rest_app
+from mrl_serving.ratelimit import RateLimiter
+from mrl_serving.redis_io import redis_ready
+from mrl_serving.server import rest_app
 from mrl_exchange.core import Exchange
 
 __all__ = ["create_admin_app"]

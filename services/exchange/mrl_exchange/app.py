@@ -1,6 +1,8 @@
 """Run the exchange: Redis (embedded unless MRL_REDIS_URL is set), gRPC and the REST admin."""
-from mrl.redis_io import wait_for_redis
-from mrl.serving import ServiceServer, serve_service
+import functools
+
+from mrl_serving.redis_io import redis_ready, wait_for_redis
+from mrl_serving.server import ServiceServer, serve_service
 from mrl.v1 import exchange_pb2
 from mrl_exchange.admin import create_admin_app
 from mrl_exchange.core import Exchange
@@ -20,9 +22,11 @@ class ExchangeServer(ServiceServer):
         self.exchange = Exchange.from_url(redis_url, settings)
 
     async def start(self) -> None:
+        """Serve once Redis answers; gRPC health then follows Redis (NOT_SERVING while it does not answer)."""
         await wait_for_redis(self.exchange.redis)
         servicer = ExchangeServicer(self.exchange, self.auth, self.limiter)
-        await super().start([(SERVICE, servicer)], create_admin_app(self.exchange, self.auth, self.limiter))
+        await super().start([(SERVICE, servicer)], create_admin_app(self.exchange, self.auth, self.limiter),
+                            functools.partial(redis_ready, self.exchange.redis))
 
     async def stop(self, grace_s: float = 2.0) -> None:
         await super().stop(grace_s)

@@ -36,11 +36,11 @@ import queue
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from mrl import benchmarking
+from mrl_serving import benchmarking
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
-from mrl.topology import redis_for, spawn
+from mrl_serving.processes import redis_for, spawn
 
 __all__ = ["main", "rollout_payload"]
 

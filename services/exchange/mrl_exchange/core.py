@@ -19,7 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from mrl import experience
 from mrl.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
-from mrl.redis_io import ping, redis_call
+from mrl_serving.redis_io import ping, redis_call
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
@@ -205,7 +205,9 @@ class Exchange:
 
     # -- ack -------------------------------------------------------------------------------
     async def ack(self, run_id: str, subscriber: str, delivery_ids, subscription_id: str = "") -> int:
-        """XACK each delivery in the subscriber's group; return credit to its live subscription."""
+        """XACK each delivery in the subscriber's group; return the credit at once to whichever live subscription
+        of the policy on this replica holds them. `subscription_id` is optional: a client that leaves it out
+        (or names the subscription before a reconnect) must not wait out the visibility timeout for credit."""
         experience.validate_name("run_id", run_id)
         experience.validate_name("subscriber", subscriber)
         if len(delivery_ids) > self.settings.max_in_flight_limit:
@@ -213,7 +215,6 @@ class Exchange:
                                   f"{self.settings.max_in_flight_limit} (MRL_MAX_IN_FLIGHT_LIMIT): split it")
         session = self.sessions.get(subscription_id)
         if session is not None and (session.run_id, session.subscriber) != (run_id, subscriber):
-            # Acking under another policy's subscription would release that subscription's credit.
             raise PermissionDenied(f"subscription {subscription_id!r} is not a subscription of {subscriber!r} "
                                    f"in run {run_id!r}")
         parsed = [parse_delivery_id(d) for d in delivery_ids]
@@ -227,8 +228,9 @@ class Exchange:
                 acked = sum(await pipe.execute())
         except (RedisError, OSError) as exc:
             raise Unavailable(f"Redis is unreachable or failed: {exc}; ack again (acks are idempotent)") from exc
-        if session is not None:
-            session.release(delivery_ids)
+        for session in self.sessions.values():
+            if (session.run_id, session.subscriber) == (run_id, subscriber):
+                session.release(delivery_ids)  # frees only what it holds: acked entries are done for the policy
         self.metrics.acked.inc(acked)
         return acked
 

@@ -15,10 +15,11 @@ import threading
 import time
 import uuid
 
+from mrl.errors import FailedPrecondition
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
-from mrl.topology import redis_for, spawn
+from mrl_serving.processes import redis_for, spawn
 
 __all__ = ["main"]
 
@@ -133,4 +134,4 @@ def main(steps: int = 20, group_size: int = 8) -> None:
     print(f"\n{total} experiences published and delivered in {elapsed:.2f} s; every peer experience received "
           f"and acked: {complete}")
     if not complete:
-        raise SystemExit("demo incomplete: some experience was not delivered")
+        raise FailedPrecondition("demo incomplete: some experience was not delivered")

@@ -3,8 +3,8 @@ import grpc
 
 from mrl import experience
 from mrl.auth import Authenticator, Principal
-from mrl.ratelimit import RateLimiter
-from mrl.serving import grpc_principal
+from mrl_serving.ratelimit import RateLimiter
+from mrl_serving.server import grpc_principal
 from mrl.v1 import exchange_pb2 as xpb
 from mrl_exchange.core import Exchange
 from mrl_exchange.subscription import Subscription

@@ -1,12 +1,17 @@
 """Settings of the exchange (env `MRL_*`, or the YAML file named by `MRL_CONFIG`)."""
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
-from mrl.settings import ServerSettings
+from mrl_serving.settings import ServerSettings
 
 __all__ = ["ExchangeSettings"]
 
 
 class ExchangeSettings(ServerSettings):
+    command: ClassVar[tuple[str, ...]] = ("exchange", "serve")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
+    admin_port: int = Field(8080, ge=0, le=65535, description="REST port; 0 picks a free one.")
     max_experience_bytes: int = Field(1 << 20, gt=0, description="Largest single serialized experience.")
     max_tokens: int = Field(65536, gt=0, description="Most token ids in one rollout or success.")
     max_batch: int = Field(1024, gt=0, description="Most experiences in one Publish.")

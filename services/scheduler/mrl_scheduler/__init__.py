@@ -1,1 +1,1 @@
-"""mrl_scheduler: Multi-Worker Resource Allocation (MWRA), the GPU lease scheduler (DESIGN.md §2)."""
+"""mrl_scheduler: Multi-Worker Resource Allocation (MWRA), the GPU lease scheduler (docs/architecture.md)."""

@@ -11,9 +11,9 @@ from fastapi import Depends, FastAPI
 
 from mrl import experience
 from mrl.auth import Authenticator
-from mrl.ratelimit import RateLimiter
-from mrl.redis_io import redis_ready
-from mrl.serving import rest_app
+from mrl_serving.ratelimit import RateLimiter
+from mrl_serving.redis_io import redis_ready
+from mrl_serving.server import rest_app
 from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler import fairshare
 from mrl_scheduler.dispatch import Dispatcher

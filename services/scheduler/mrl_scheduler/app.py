@@ -4,10 +4,11 @@ At start a replica registers its node's devices (NVML or declared slots) and the
 config declares, then serves; its sweeper and event pump run until it stops. Any number of
 replicas may share a namespace (and its devices) on one Redis.
 """
+import functools
 import logging
 
-from mrl.redis_io import wait_for_redis
-from mrl.serving import ServiceServer, serve_service
+from mrl_serving.redis_io import redis_ready, wait_for_redis
+from mrl_serving.server import ServiceServer, serve_service
 from mrl.v1 import scheduler_pb2
 from mrl_scheduler.admin import create_admin_app
 from mrl_scheduler.dispatch import Dispatcher
@@ -43,7 +44,9 @@ class SchedulerServer(ServiceServer):
         await self.dispatcher.start()
         self.dispatcher.wake(passed)
         servicer = SchedulerServicer(self.dispatcher, self.auth, self.limiter)
-        await super().start([(SERVICE, servicer)], create_admin_app(self.dispatcher, self.auth, self.limiter))
+        # gRPC health follows Redis (NOT_SERVING while it does not answer), as /healthz does
+        await super().start([(SERVICE, servicer)], create_admin_app(self.dispatcher, self.auth, self.limiter),
+                            functools.partial(redis_ready, self.core.redis))
 
     async def stop(self, grace_s: float = 2.0) -> None:
         await self.dispatcher.stop()

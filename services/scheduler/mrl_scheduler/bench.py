@@ -30,9 +30,10 @@ import uuid
 
 import redis
 
-from mrl import benchmarking, errors
+from mrl import errors
+from mrl_serving import benchmarking
 from mrl.scheduler_client import SchedulerClient
-from mrl.topology import redis_for, spawn
+from mrl_serving.processes import redis_for, spawn
 from mrl_scheduler.fairshare import jain
 from mrl_scheduler.leases import Scheduler, namespace_prefix
 from mrl_scheduler.settings import SchedulerSettings

@@ -5,9 +5,11 @@ pass grants (or refuses) its request: a pass run by this replica returns its gra
 one run by another replica reaches it through the event stream, which one pump task per
 replica reads (XREAD) and also fans out to the Watch streams. A sweeper task runs a pass every
 `sweep_interval_s`, so leases whose holders died expire (EXPIRED event) and their devices go to
-the queue even when nobody calls. A waiter also looks at its request every few seconds, so a
-lost wake-up costs latency, never a grant. An Acquire whose caller goes away withdraws its
-request, and releases the lease if it was granted in between.
+the queue even when nobody calls; the same call keeps this replica's waiting requests alive, so
+the requests of a replica that died (kill -9) are dropped within request_liveness_s instead of
+becoming leases nobody holds. A waiter also looks at its request every few seconds, so a lost
+wake-up costs latency, never a grant. An Acquire whose caller goes away withdraws its request,
+and releases the lease if it was granted in between.
 """
 import asyncio
 import logging
@@ -138,6 +140,10 @@ class Dispatcher:
             if state == "gone" and why:  # granted, then ended (expired, revoked) before it was handed over
                 raise FailedPrecondition(f"the lease granted to this request was {why} before it could be handed "
                                          f"over; Acquire again")
+            if state == "gone" and remaining > 0:
+                raise Unavailable(f"this replica could not keep the request of {r.policy!r} alive (Redis or the "
+                                  f"replica stalled for request_liveness_s={self.settings.request_liveness_s:g}), "
+                                  f"so it was dropped; Acquire again")
             if state in ("cancelled", "gone"):
                 raise DeadlineExceeded(f"no {r.devices} device(s) for {r.policy!r} ({r.phase}) within "
                                        f"wait_timeout_ms={r.wait_ms}: the devices are busy; Acquire again to "
@@ -214,7 +220,7 @@ class Dispatcher:
         while not self._stopping:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
-                passed, gauges = await self.core.tick()
+                passed, gauges = await self.core.tick(list(self._waiters))
             except Unavailable as exc:
                 if not self._stopping:
                     log.warning("sweep: %s", exc)

@@ -203,6 +203,7 @@ local function grant(h, devs)
 end
 
 local function pass()
+  drop_abandoned()
   local out, heads = {}, {}
   for p, entry in pairs(hash(key('heads'))) do heads[p] = parse(entry, p) end
   if next(heads) == nil then return out end

@@ -21,8 +21,9 @@ Keys (prefix `mrl:sched:{ns}:`; the braces are a Redis Cluster hash tag, one slo
     fence               the fencing-token counter (INCR: strictly increasing across all grants)
     q:<p>  heads        policy p's FIFO of entries "rid k m same ttl enqueued phase worker run";
                         hash policy -> its first entry (the policies with waiting requests)
-    req:<rid>  reqdl    a waiting request's policy and entry; zset rid -> when it is dropped (its
-                        waiter has gone)
+    req:<rid>  reqdl    a waiting request's policy and entry; zset rid -> its liveness deadline, which the
+                        replica serving its Acquire keeps pushing forward (`tick`); a request past it is
+                        dropped before any grant (its replica died)
     resv                hash rid -> "node shadow" of a waiting request's reservation
                         (fairshare.py)
     pstate              hash per policy p: p|vt, p|adv, p|wt, p|held, p|usage, p|est|<phase>
@@ -48,7 +49,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from mrl import experience
 from mrl.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from mrl.redis_io import ping, redis_call
+from mrl_serving.redis_io import ping, redis_call
 from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler.fairshare import ESTIMATE_ALPHA, weight_of
 from mrl_scheduler.inventory import DeviceSpec
@@ -60,7 +61,6 @@ __all__ = ["Scheduler", "Request", "Grant", "Pass", "Submitted", "namespace_pref
 LUA = "\n".join(pathlib.Path(__file__).with_name(name).read_text()
                 for name in ("scheduler.lua", "fairshare.lua", "ops.lua"))
 EVENT_FIELDS = ("t", "id", "p", "w", "ph", "r", "tok", "d", "x", "at", "why")
-LINGER_MS = 5_000  # a request outlives its wait by this much, then a tick drops it (its waiter is gone)
 MIN_TTL_MS = 10
 
 
@@ -132,6 +132,7 @@ class Scheduler:
         s = self.settings
         self._common = [s.events_maxlen, s.tombstone_s, s.aging, s.max_grants_per_pass, ESTIMATE_ALPHA,
                         s.backfill_slack]
+        self._liveness_ms = int(s.request_liveness_s * 1000)
         self._devices: dict[str, spb.Device] = {}
         self._conn = None if isinstance(redis, aioredis.Redis) else redis.connection_pool.get_connection()
 
@@ -201,14 +202,15 @@ class Scheduler:
                        req.same_node, ttl_ms, wait_ms, weight_of(req.policy, req.step_cost, s.weights))
 
     async def submit(self, r: Request, request_id: str | None = None) -> Submitted:
-        """Queue `r` and run a pass: granted at once, or waiting (see `status`, `cancel`).
+        """Queue `r` and run a pass: granted at once, or waiting (see `status`, `cancel`) for as long as `tick`
+        keeps it alive.
 
         FailedPrecondition when no registered inventory can ever satisfy it (naming what there is),
         ResourceExhausted when max_queue requests (max_queue_per_policy of its policy) wait already."""
         rid = request_id or uuid.uuid4().hex
         status, passed = await self._call(
             "submit", rid, r.policy, r.worker, r.phase, r.run_id, r.devices, r.min_memory_bytes, int(r.same_node),
-            r.ttl_ms, r.wait_ms + LINGER_MS, repr(r.weight), self.settings.max_queue,
+            r.ttl_ms, self._liveness_ms, repr(r.weight), self.settings.max_queue,
             self.settings.max_queue_per_policy)
         if status[0] == "impossible":
             raise FailedPrecondition(f"request of {r.policy!r} can never be granted: it {status[1]}; ask for "
@@ -280,10 +282,11 @@ class Scheduler:
         return FailedPrecondition(f"lease {lease_id!r} is lost ({status[1]}: {status[2]}); stop using its devices "
                                   f"and acquire again")
 
-    async def tick(self) -> tuple[Pass, dict[str, int]]:
-        """Expire leases past their expiry, drop abandoned requests, trim the events, grant; returns the pass
-        and gauges: devices, free, leases, queued."""
-        status, passed = await self._call("tick")
+    async def tick(self, alive: Sequence[str] = ()) -> tuple[Pass, dict[str, int]]:
+        """Keep the waiting requests `alive` (this replica's Acquires wait on them) for request_liveness_s more,
+        expire leases past their expiry, drop the requests nobody kept alive, trim the events, grant; returns
+        the pass and gauges: devices, free, leases, queued."""
+        status, passed = await self._call("tick", self._liveness_ms, *alive)
         return passed, dict(zip(("devices", "free", "leases", "queued"), map(int, status[1:5])))
 
     async def register(self, node: str, devices: Sequence[DeviceSpec]) -> tuple[int, int, Pass]:
@@ -325,7 +328,7 @@ class Scheduler:
         lease = spb.Lease(lease_id=grant.lease_id, fencing_token=grant.fencing_token, policy=grant.policy,
                           worker=grant.worker, phase=grant.phase, devices=await self.device_protos(grant.device_ids))
         for d in lease.devices:
-            d.lease_id = grant.lease_id
+            d.lease_id, d.leased = grant.lease_id, True
         lease.expires_at.FromMilliseconds(grant.expires_ms)
         return lease
 
@@ -389,4 +392,4 @@ class Scheduler:
 def _device(device_id: str, info: str, lease_id: str = "") -> spb.Device:
     node, index, memory, kind = info.split()
     return spb.Device(device_id=device_id, node=node, index=int(index), memory_bytes=int(memory), kind=kind,
-                      lease_id=lease_id)
+                      lease_id=lease_id, leased=bool(lease_id))

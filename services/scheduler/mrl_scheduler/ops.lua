@@ -49,13 +49,14 @@ if OP == 'register' then
 
 elseif OP == 'submit' then
   -- ARGV[A..]: rid, policy, worker, phase, run, devices, min memory, same node (0/1), ttl ms,
-  -- linger ms (the request is dropped that long after now: its waiter has gone), weight, most queued,
-  -- most queued of one policy
+  -- liveness ms (the request is dropped that long after now unless a tick keeps it alive), weight,
+  -- most queued, most queued of one policy
   local rid, p = ARGV[A], ARGV[A + 1]
   local entry = table.concat({rid, ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8], NOW, ARGV[A + 3],
                               ARGV[A + 2], ARGV[A + 4]}, ' ')
   local ok, why = possible(parse(entry, p))
   if not ok then return {{'impossible', why}, {}} end
+  drop_abandoned()   -- requests nobody keeps alive do not count against the queue caps
   if redis.call('ZCARD', key('reqdl')) >= tonumber(ARGV[A + 11]) then return {{'full'}, {}} end
   if redis.call('LLEN', key('q:' .. p)) >= tonumber(ARGV[A + 12]) then return {{'full_policy'}, {}} end
   if redis.call('EXISTS', key('req:' .. rid), key('lease:' .. rid), key('ended:' .. rid)) > 0 then
@@ -129,14 +130,12 @@ elseif OP == 'release' then
   return finish({{'released'}, pass()})
 
 elseif OP == 'tick' then
-  -- sweep: leases past their expiry, requests whose waiter has gone; trim the event stream
+  -- ARGV[A] = liveness ms, then the requests this replica's Acquires wait on: alive until now + liveness.
+  -- Sweep leases past their expiry (the pass drops the requests nobody kept alive); trim the event stream.
+  local alive = NOW + tonumber(ARGV[A])
+  for i = A + 1, #ARGV do redis.call('ZADD', key('reqdl'), 'XX', alive, ARGV[i]) end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', key('expiry'), '-inf', NOW, 'LIMIT', 0, 256)) do
     end_lease(id, 'expired', 'not renewed before it expired')
-  end
-  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', key('reqdl'), '-inf', NOW, 'LIMIT', 0, 256)) do
-    local f = redis.call('HMGET', key('req:' .. rid), 'p', 'e')
-    if f[1] then unqueue(rid, f[1], f[2]) else redis.call('ZREM', key('reqdl'), rid) end
-    redis.call('DEL', key('req:' .. rid))
   end
   redis.call('XTRIM', key('events'), 'MAXLEN', '~', MAXLEN)
   local out, free = pass(), 0

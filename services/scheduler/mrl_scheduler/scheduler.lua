@@ -9,8 +9,9 @@
 -- alpha, ARGV[8] = backfill slack; the op's own arguments follow from ARGV[9].
 --
 -- Every op that frees devices or queues a request ends with `pass()`: grant in fair-share order
--- (fairshare.py states the rule; this is its only implementation). `tick` also sweeps expired
--- leases and abandoned requests, and trims the event stream.
+-- (fairshare.py states the rule; this is its only implementation), which first drops the requests
+-- past their liveness deadline. `tick` also keeps the requests its replica waits on alive, sweeps
+-- expired leases and trims the event stream.
 -- Replies are {status list, grants}; grants = (rid, token, devices, expires, policy, worker, phase)
 -- per grant the pass made, flat; a lease in a status list is those same seven.
 local P = KEYS[1]
@@ -225,6 +226,17 @@ local function unqueue(rid, p, entry)
   if redis.call('HGET', key('heads'), p) == entry then set_head(p) end
   redis.call('ZREM', key('reqdl'), rid)
   redis.call('HDEL', key('resv'), rid)
+end
+
+-- A waiting request lives until its deadline in reqdl, which the replica serving its Acquire pushes
+-- forward every sweep (tick); past it, that replica has died and nobody would take the lease: drop it.
+-- All of them, unbounded: a pass must never grant one (after a replica with n waiters dies, n entries once).
+local function drop_abandoned()
+  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', key('reqdl'), '-inf', NOW)) do
+    local f = redis.call('HMGET', key('req:' .. rid), 'p', 'e')
+    if f[1] then unqueue(rid, f[1], f[2]) else redis.call('ZREM', key('reqdl'), rid) end
+    redis.call('DEL', key('req:' .. rid))
+  end
 end
 
 local function refuse(h, why)

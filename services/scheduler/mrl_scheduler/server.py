@@ -8,8 +8,8 @@ import grpc
 from mrl import experience
 from mrl.auth import Authenticator, Principal
 from mrl.errors import PermissionDenied
-from mrl.ratelimit import RateLimiter
-from mrl.serving import grpc_principal
+from mrl_serving.ratelimit import RateLimiter
+from mrl_serving.server import grpc_principal
 from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler.dispatch import Dispatcher
 
@@ -52,6 +52,10 @@ class SchedulerServicer:
             own = [lease for lease in inventory.leases if lease.policy == principal.policy]
             del inventory.leases[:]
             inventory.leases.extend(own)
+            own_ids = {lease.lease_id for lease in own}
+            for device in inventory.devices:
+                if device.lease_id not in own_ids:
+                    device.lease_id = ""  # `leased` still says it is taken
         return inventory
 
     async def Watch(self, request: spb.WatchRequest, context):

@@ -2,12 +2,12 @@
 import math
 import re
 import socket
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from mrl import experience
-from mrl.settings import ServerSettings
+from mrl_serving.settings import ServerSettings
 
 __all__ = ["NodeSpec", "SchedulerSettings", "default_node"]
 
@@ -27,6 +27,7 @@ class NodeSpec(BaseModel):
 
 
 class SchedulerSettings(ServerSettings):
+    command: ClassVar[tuple[str, ...]] = ("scheduler", "serve")
     port: int = Field(50053, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
     admin_port: int = Field(8082, ge=0, le=65535, description="REST port; 0 picks a free one.")
     namespace: str = Field("default", description="Scheduler state in Redis lives under mrl:sched:{namespace}:; "
@@ -53,6 +54,10 @@ class SchedulerSettings(ServerSettings):
                                   "utilization against its start delay; 0 is strict EASY backfilling.")
     sweep_interval_s: float = Field(0.25, gt=0, description="How often a replica sweeps expired leases and "
                                                             "abandoned requests and grants what it can.")
+    request_liveness_s: float | None = Field(
+        None, gt=0, description="A waiting request is dropped, never granted, this long after the replica serving "
+                                "its Acquire last renewed it (every sweep): a replica that dies (kill -9) leaves no "
+                                "lease that no caller holds. Unset: max(2, 8 × sweep_interval_s).")
     max_devices: int = Field(1024, gt=0, description="Most devices in one request.")
     max_step_cost: float = Field(1e6, gt=0, description="Largest declared step_cost.")
     max_queue: int = Field(100_000, gt=0, description="Most requests waiting in the namespace.")
@@ -93,6 +98,11 @@ class SchedulerSettings(ServerSettings):
             raise ValueError(f"default_ttl_s ({self.default_ttl_s}) must be <= max_ttl_s ({self.max_ttl_s})")
         if self.default_wait_s > self.max_wait_s:
             raise ValueError(f"default_wait_s ({self.default_wait_s}) must be <= max_wait_s ({self.max_wait_s})")
+        if self.request_liveness_s is None:
+            self.request_liveness_s = max(2.0, 8 * self.sweep_interval_s)
+        if self.request_liveness_s < 4 * self.sweep_interval_s:
+            raise ValueError(f"request_liveness_s ({self.request_liveness_s}) must be >= 4 x sweep_interval_s "
+                             f"({self.sweep_interval_s}): a replica renews its waiting requests once a sweep")
         if self.node in self.nodes:
             raise ValueError(f"node {self.node!r} is this replica's own node: describe it with inventory/slots, "
                              f"not in `nodes`")

@@ -89,8 +89,8 @@ class CoreBackend:
     async def release(self, grant: Grant) -> list[Grant]:
         return list((await self.core.release(grant.lease_id, grant.fencing_token))[1].grants)
 
-    async def tick(self) -> list[Grant]:
-        return list((await self.core.tick())[0].grants)
+    async def tick(self, waiting: list[str]) -> list[Grant]:
+        return list((await self.core.tick(waiting))[0].grants)
 
 
 class FifoBackend:
@@ -110,7 +110,7 @@ class FifoBackend:
     async def renew(self, grant) -> None:
         pass
 
-    async def tick(self) -> list[Grant]:
+    async def tick(self, waiting) -> list[Grant]:
         return []
 
     async def release(self, grant) -> list[Grant]:
@@ -184,7 +184,7 @@ async def simulate(backend, clock: Clock, policies: list[PolicySpec], gpus: int,
         clock.now_ms, _, kind, payload = heapq.heappop(events)
         stats["ops"] += kind != "tick"
         if kind == "tick":
-            granted(await backend.tick())
+            granted(await backend.tick(list(waiting)))  # the sweeper keeps the waiting requests alive
         elif kind == "submit":
             policy, w = payload
             rid = f"{w}-{step[w]}"

@@ -1,11 +1,11 @@
-"""Lossless alignment of a response across tokenizers by byte offsets (DESIGN.md §4, steps 2–8).
+"""Lossless alignment of a response across tokenizers by byte offsets (docs/algorithms.md, THL steps 2–8).
 
 Given the ids a policy A *generated* and per-token traces, produce B's ids for the same text
 and move the traces onto them:
 
     S       = concat(tok_bytes_A[ids_A])              (specials leave the byte stream)
     ends_A  = cumsum(tok_len_A[ids_A])                a token's end, as a byte offset in S
-    text    = the valid UTF-8 of S                    (invalid bytes are residual, never replaced)
+    text    = S less its invalid UTF-8 sequences      (wherever they are; residual, never replaced)
     ids_B   = encode_B(text);  ends_B from B's byte tables, or B's offsets when B is not byte-exact
     shared  = ends_A ∩ ends_B                          chunk boundaries: a chunk is the smallest span
                                                        both sides cover exactly
@@ -18,15 +18,20 @@ Trace transfer, per reduction (chunk c, source tokens i ∈ c, target tokens j �
     MEAN       v_B[j] = mean_{i∈c} v_A[i]                             (advantages)
     BROADCAST  v_B[j] = v_A[0]                                        (sequence-level values)
 
-An end-of-sequence special of A at the end maps to B's EOS (its trace value moves with it);
-other specials are dropped. Everything is numpy over whole arrays: no per-token Python loop.
+A tokenizer with a dummy prefix (SentencePiece) invents a space before a sequence's text, so the first
+space of its bytes is never text: it is taken off a source's bytes, and a target's ids must spell it
+before the text (" hi" becomes "▁▁hi", not "▁hi", which reads back as "hi"), else the result is not lossless.
+
+An end-of-sequence special of A at the end maps to B's EOS (its trace value moves with it); other
+specials, a BOS before the text included, are dropped and the result is not lossless. Everything is
+numpy over whole arrays: no per-token Python loop.
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mrl.errors import InvalidArgument
-from mrl_tokenizer_align.vocab import Vocab
+from mrl_tokenizer_align.vocab import Vocab, shown
 
 __all__ = ["Trace", "Residual", "Alignment", "align", "Reduction", "REDUCTIONS"]
 
@@ -89,12 +94,14 @@ def _decode_valid(data: bytes) -> tuple[str, np.ndarray]:
 def _check_traces(traces: list[Trace], n: int) -> None:
     for t in traces:
         if t.reduction not in REDUCTIONS:
-            raise InvalidArgument(f"trace {t.name!r}: unknown reduction {t.reduction!r}; valid: {', '.join(REDUCTIONS)}")
+            raise InvalidArgument(f"trace {shown(t.name)}: unknown reduction {t.reduction!r}; "
+                                  f"valid: {', '.join(REDUCTIONS)}")
         if len(t.values) != n:
-            raise InvalidArgument(f"trace {t.name!r} has {len(t.values)} values for {n} source ids; send one per id")
+            raise InvalidArgument(f"trace {shown(t.name)} has {len(t.values)} values for {n} source ids; "
+                                  f"send one per id")
         if not np.isfinite(t.values).all():
             bad = int(np.flatnonzero(~np.isfinite(t.values))[0])
-            raise InvalidArgument(f"trace {t.name!r}[{bad}] is {t.values[bad]}: traces must be finite")
+            raise InvalidArgument(f"trace {shown(t.name)}[{bad}] is {t.values[bad]}: traces must be finite")
 
 
 def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
@@ -115,13 +122,9 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
     res.truncated = not last_is_eos
     res.mapped_specials = int(eos_at_end)
     res.dropped_specials = int(special.sum()) - res.mapped_specials
-    leading = int(np.argmin(special)) if not special.all() else len(ids)     # a BOS before the text
-    dropped_inside = res.dropped_specials - min(leading, res.dropped_specials)
-    S = src.token_bytes(ids)
-    ends_a = np.cumsum(src.lens[ids])                                      # (n,)
-    if src.dummy_prefix and S[:1] == b" ":                                 # the source encoder's invented space
-        S = S[1:]
-        ends_a = np.maximum(ends_a - 1, 0)
+    invented = _invented_space(src, ids)
+    S = src.token_bytes(ids)[invented:]
+    ends_a = np.maximum(np.cumsum(src.lens[ids]) - invented, 0)            # (n,)
 
     # 3. invalid UTF-8 (a generation cut inside a character, a stray byte token) is residual: left out of the
     #    text, and the source ends move back by the invalid bytes before them
@@ -141,7 +144,7 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
         # trailing space), so the last chunk has a target token to carry its values.
         ends_b[-1] = valid
     res.source_noncanonical = not np.array_equal(src.encode(text), ids[~special])
-    res.lossless = (src.byte_exact and exact and res.invalid_utf8_bytes == 0 and dropped_inside == 0)
+    res.lossless = (src.byte_exact and exact and res.invalid_utf8_bytes == 0 and res.dropped_specials == 0)
     res.dropped_bytes = res.invalid_utf8_bytes
 
     # 6. chunks: boundaries both sides share (the end of the text is always one)
@@ -183,22 +186,27 @@ def align(src: Vocab, ids: np.ndarray, dst: Vocab, traces: list[Trace] = (),
                      source_chunk=chunk_a, target_chunk=chunk_b, traces=out_traces, residual=res, text=text)
 
 
-def _target(dst: Vocab, text: str, Sv: bytes) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(target ids, their byte ends in `text`, whether the target's bytes are exactly Sv).
+def _invented_space(vocab: Vocab, ids: np.ndarray) -> int:
+    """1 if the first token with bytes of `ids` begins with the space `vocab`'s encoder invents (its dummy
+    prefix: SentencePiece's '▁', never the byte-fallback <0x20>, which is text), else 0. The one rule for
+    both sides, as the tokenizer's own decoder reads ids: a target's ids must say what a source's would."""
+    if not vocab.dummy_prefix:
+        return 0
+    first = ids[vocab.lens[ids] > 0][:1]
+    return int(len(first) == 1 and first[0] != vocab.space_byte_id and vocab.buf[vocab.starts[first[0]]] == 0x20)
 
-    A dummy-prefix encoder prepends a space: given the text less its own leading space it reproduces S;
-    given a text without one, its first space is invented and is taken off the ends."""
+
+def _target(dst: Vocab, text: str, Sv: bytes) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(target ids, their byte ends in `text`, whether the target's ids read back as exactly Sv).
+
+    Read back as a source would be: a dummy-prefix target's first space is its invented one, taken off the
+    ends; the text's own leading space must follow it (never stand in for it)."""
     if dst.byte_exact:
-        if dst.dummy_prefix and text.startswith(" ") and len(text) > 1:
-            tids = dst.encode(text[1:])
-            if dst.token_bytes(tids) == Sv:
-                return tids, np.cumsum(dst.lens[tids]), True
         tids = dst.encode(text)
         T = dst.token_bytes(tids)
-        if T == Sv:
-            return tids, np.cumsum(dst.lens[tids]), True
-        if dst.dummy_prefix and T == b" " + Sv:
-            return tids, np.maximum(np.cumsum(dst.lens[tids]) - 1, 0), True
+        invented = _invented_space(dst, tids)
+        if T[invented:] == Sv:
+            return tids, np.maximum(np.cumsum(dst.lens[tids]) - invented, 0), True
         if dst.encode_offsets is None:  # tables reproduce bytes and no offsets: keep the ends we have
             return tids, np.cumsum(dst.lens[tids]), False
     tids, ends = dst.encode_offsets(text)

@@ -1,7 +1,7 @@
 """Run the alignment service: `mrl align serve` (gRPC TokenizerAlign + REST twin)."""
 import logging
 
-from mrl.serving import ServiceServer, serve_service
+from mrl_serving.server import ServiceServer, serve_service
 from mrl.v1 import tokenizer_align_pb2
 from mrl_tokenizer_align.registry import TokenizerRegistry
 from mrl_tokenizer_align.service import Aligner, AlignServicer, create_rest_app
@@ -30,4 +30,4 @@ class AlignServer(ServiceServer):
 
 def serve(settings: AlignSettings | None = None) -> None:
     settings = settings or AlignSettings()
-    serve_service("tokenizer_align", settings, lambda _: AlignServer(settings), needs_redis=False)
+    serve_service("tokenizer_align", settings, lambda _: AlignServer(settings))

@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from mrl import benchmarking
+from mrl.errors import FailedPrecondition
+from mrl_serving import benchmarking
 from mrl_tokenizer_align import catalog
 from mrl_tokenizer_align.align import Trace, align
 from mrl_tokenizer_align.vocab import GPT2_PATTERN, load_vocab
@@ -157,7 +158,7 @@ def main(quick: bool = False) -> dict:
     needed = sorted({t for pair in PAIRS for t in pair})
     missing = [t for t in needed if t not in paths]
     if missing:
-        raise SystemExit(f"mrl bench align: tokenizers {missing} are not in {catalog.cache_dir()}: "
+        raise FailedPrecondition(f"mrl bench align: tokenizers {missing} are not in {catalog.cache_dir()}: "
                          f"run `make tokenizers`")
     vocabs = {t: load_vocab(t, paths[t]) for t in needed}
     raw = {t: _raw_encoder(t, paths[t]) for t in needed}

@@ -12,13 +12,14 @@ from google.protobuf import json_format
 
 from mrl.auth import Authenticator
 from mrl.errors import InvalidArgument
-from mrl.ratelimit import RateLimiter
-from mrl.serving import grpc_principal, rest_app
+from mrl_serving.ratelimit import RateLimiter
+from mrl_serving.server import grpc_principal, proto_json, rest_app
 from mrl.v1 import tokenizer_align_pb2 as tpb
 from mrl_tokenizer_align.align import Alignment, Trace, align
 from mrl_tokenizer_align.metrics import AlignMetrics
 from mrl_tokenizer_align.registry import TokenizerRegistry
 from mrl_tokenizer_align.settings import AlignSettings
+from mrl_tokenizer_align.vocab import shown
 
 __all__ = ["Aligner", "AlignServicer", "create_rest_app"]
 
@@ -46,8 +47,8 @@ class Aligner:
         traces = []
         for t in req.traces:
             if t.reduction not in _REDUCTION:
-                raise InvalidArgument(f"trace {t.name!r}: unknown reduction {t.reduction}; use SUM, ALL, MEAN or "
-                                      f"BROADCAST")
+                raise InvalidArgument(f"trace {shown(t.name)}: unknown reduction {t.reduction}; use SUM, ALL, "
+                                      f"MEAN or BROADCAST")
             traces.append(Trace(t.name, np.asarray(t.values, dtype=np.float64), _REDUCTION[t.reduction]))
         result = align(src, np.asarray(req.source_ids, dtype=np.int64), dst, traces,
                        np.asarray(req.target_prompt_ids, dtype=np.int64))
@@ -185,11 +186,11 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
                 raise InvalidArgument(f"the body exceeds {limit} bytes (MRL_MAX_MESSAGE_BYTES)")
         return await asyncio.to_thread(_rest_call, work, request_cls, bytes(raw))
 
-    @app.post("/v1/align", dependencies=[Depends(principal)])
+    @app.post("/v1/align", dependencies=[Depends(principal)], **proto_json(tpb.AlignRequest, tpb.AlignResponse))
     async def align_one(request: Request):
         return await call(request, aligner.align, tpb.AlignRequest)
 
-    @app.post("/v1/align/batch")
+    @app.post("/v1/align/batch", **proto_json(tpb.AlignBatchRequest, tpb.AlignBatchResponse))
     async def align_many(request: Request, who=Depends(principal)):
         def work(batch: tpb.AlignBatchRequest) -> tpb.AlignBatchResponse:
             # charged per alignment, as over gRPC (the dependency took one already)
@@ -197,11 +198,12 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
             return aligner.align_batch(batch)
         return await call(request, work, tpb.AlignBatchRequest)
 
-    @app.get("/v1/tokenizers", dependencies=[Depends(principal)])
+    @app.get("/v1/tokenizers", dependencies=[Depends(principal)], **proto_json(response_cls=tpb.ListTokenizersResponse))
     async def tokenizers():
         return json_format.MessageToDict(aligner.list(), preserving_proto_field_name=True)
 
-    @app.post("/v1/tokenizers", dependencies=[Depends(admin)])
+    @app.post("/v1/tokenizers", dependencies=[Depends(admin)],
+              **proto_json(tpb.RegisterTokenizerRequest, tpb.RegisterTokenizerResponse))
     async def register(request: Request):
         return await call(request, aligner.register, tpb.RegisterTokenizerRequest)
 

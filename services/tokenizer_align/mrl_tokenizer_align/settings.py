@@ -1,15 +1,18 @@
 """Settings of the alignment service (env `MRL_*`, or the YAML file named by `MRL_CONFIG`)."""
 import pathlib
+from typing import ClassVar
 
 from pydantic import Field
 
-from mrl.settings import ServerSettings
+from mrl_serving.settings import ServerSettings
 from mrl_tokenizer_align.catalog import cache_dir, cached_paths
 
 __all__ = ["AlignSettings"]
 
 
 class AlignSettings(ServerSettings):
+    command: ClassVar[tuple[str, ...]] = ("align", "serve")
+    needs_redis: ClassVar[bool] = False
     port: int = Field(50052, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
     admin_port: int = Field(8081, ge=0, le=65535, description="REST port; 0 picks a free one.")
     tokenizer_roots: list[pathlib.Path] = Field(

@@ -1,4 +1,4 @@
-"""Per-tokenizer byte tables (DESIGN.md §4 step 1) and the loaders of five file formats.
+"""Per-tokenizer byte tables (docs/algorithms.md, THL step 1) and the loaders of five file formats.
 
 A `Vocab` holds, for every token id, the bytes it stands for, as one flat buffer:
 
@@ -9,7 +9,7 @@ Byte tables by family:
 
     byte_level_bpe   GPT-2, Qwen, SmolLM2: invert GPT-2's byte↔unicode map (tiktoken ranks are bytes)
     sentencepiece    '▁' → space, '<0xXX>' → that byte (byte fallback); the encoder invents a
-                     leading space (dummy prefix), which alignment removes
+                     leading '▁' (dummy prefix), which alignment removes (never a first <0x20>)
     wordpiece        '##x' continues a word, any other piece starts one with a space; the normalizer
                      lowercases and strips accents: not byte-exact, aligned by character offsets
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from mrl.errors import InvalidArgument
 
-__all__ = ["Vocab", "Family", "load_vocab", "content_sha256", "utf8_char_ends"]
+__all__ = ["Vocab", "Family", "load_vocab", "content_sha256", "utf8_char_ends", "shown"]
 
 Family = Literal["byte_level_bpe", "sentencepiece", "wordpiece"]
 
@@ -49,6 +49,8 @@ class Vocab:
     encode_offsets: Callable[[str], tuple[np.ndarray, np.ndarray]] = field(repr=False, default=None)
     dummy_prefix: bool = False       # the encoder prepends a space the text does not have
     content_sha256: str = ""
+    space_byte_id: int | None = None  # SentencePiece's byte-fallback <0x20>: a space of the text, never the
+                                      # invented one (its decoder keeps it first in a sequence)
 
     @property
     def vocab_size(self) -> int:
@@ -81,6 +83,14 @@ class Vocab:
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise InvalidArgument(f"{what}: token id {bad} is outside the vocabulary of {self.tokenizer_id!r} "
                                   f"(size {self.vocab_size})")
+
+
+def shown(value, limit: int = 200) -> str:
+    """A caller's value (a path, an id, a trace name) as an error message quotes it: its repr (a NUL shows as
+    \\x00), cut to `limit` characters, so that a hostile value can neither hide in nor overflow the status
+    (gRPC refuses a status over 16 KiB of metadata)."""
+    text = repr(str(value))
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
 
 
 def utf8_char_ends(text: str) -> np.ndarray:
@@ -173,6 +183,7 @@ def _from_hf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         raise InvalidArgument(f"{file}: tokenizer model {model!r} with this pre-tokenizer is not supported; "
                               f"supported: byte-level BPE, SentencePiece (Metaspace), WordPiece")
     buf, starts, lens = _tables(pieces, special)
+    space_byte_id = tok.token_to_id("<0x20>") if family == "sentencepiece" else None
     specials = {t.content: i for i, t in added.items() if t.special}
     config = file.with_name("tokenizer_config.json")
     eos_token = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
@@ -189,7 +200,8 @@ def _from_hf(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         ends = np.asarray([e for _, e in enc.offsets], dtype=np.int64)
         byte_ends = np.where(ends > 0, char_ends[np.maximum(ends - 1, 0)] if len(char_ends) else 0, 0)
         return np.asarray(enc.ids, dtype=np.int64), byte_ends
-    return Vocab(tokenizer_id, family, exact, buf, starts, lens, special, specials, eos_id, encode, encode_offsets)
+    return Vocab(tokenizer_id, family, exact, buf, starts, lens, special, specials, eos_id, encode, encode_offsets,
+                 space_byte_id=space_byte_id)
 
 
 def _spm_piece(piece: str) -> bytes:
@@ -216,8 +228,10 @@ def _from_sentencepiece(tokenizer_id: str, path: pathlib.Path) -> Vocab:
         return (np.asarray([p.id for p in proto.pieces], dtype=np.int64),
                 np.asarray([p.end for p in proto.pieces], dtype=np.int64))
     specials = {sp.id_to_piece(i): i for i in range(size) if sp.is_control(i)}
+    space_byte = sp.piece_to_id("<0x20>")
     return Vocab(tokenizer_id, "sentencepiece", True, buf, starts, lens, special, specials,
-                 sp.eos_id() if sp.eos_id() >= 0 else None, encode, encode_offsets)
+                 sp.eos_id() if sp.eos_id() >= 0 else None, encode, encode_offsets,
+                 space_byte_id=space_byte if sp.is_byte(space_byte) else None)
 
 
 # A .tiktoken file holds only ranks. Its pre-tokenizer regex and special tokens come from a sidecar

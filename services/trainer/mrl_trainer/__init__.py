@@ -1,1 +1,1 @@
-"""mrl_trainer: one policy's GRPO-family RL trainer (DESIGN.md §2, §5)."""
+"""mrl_trainer: one policy's GRPO-family RL trainer (docs/architecture.md, docs/algorithms.md)."""

@@ -2,7 +2,12 @@
 
 A signal finishes the step under way, writes a checkpoint and exits 0; a bad config, model or
 data, a verifier that raises or a non-finite loss prints one clear error and exits 2, leaving the
-last checkpoint intact (a NaN step is never checkpointed). The last line printed is a JSON summary.
+last checkpoint intact (a NaN step is never checkpointed). The last line printed is a JSON summary;
+its `unpublished` counts the experiences still waiting in the outbox (outbox.py) for the exchange.
+
+With an exchange, experience an earlier run left in the outbox is sent first. Each publish is
+retried for PUBLISH_BUDGET_S, enough to ride out an exchange restart; past that the step's
+experience waits in the outbox and training goes on.
 """
 import contextlib
 import json
@@ -16,8 +21,11 @@ import yaml
 
 from mrl_trainer.config import load_config
 from mrl_trainer.errors import TrainerError
+from mrl_trainer.outbox import Outbox
 
-__all__ = ["run", "main", "parse_overrides"]
+__all__ = ["run", "parse_overrides"]
+
+PUBLISH_BUDGET_S = 10.0
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -31,7 +39,7 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def run(config_path: str, overrides: dict | None = None) -> dict:
-    from mrl_trainer.trainer import Trainer
+    from mrl_trainer.trainer import build_trainer
     config = load_config(config_path, overrides)
     logging.basicConfig(level=logging.INFO, format=f"[{config.policy}] %(message)s", stream=sys.stderr)
     stop = threading.Event()
@@ -40,24 +48,31 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
     with contextlib.ExitStack() as stack:
         exchange = None
         if config.exchange:
-            from mrl.exchange_client import ExchangeClient
+            from mrl.exchange_client import Backoff, ExchangeClient
             exchange = stack.enter_context(ExchangeClient(
-                config.exchange.target, config.exchange.token or os.environ.get("MRL_TOKEN")))
-        trainer = Trainer(config, exchange=exchange)
+                config.exchange.target, config.exchange.token or os.environ.get("MRL_TOKEN"),
+                backoff=Backoff(attempts=None, budget_s=PUBLISH_BUDGET_S)))
+        trainer = build_trainer(config, exchange=exchange)
         stack.callback(trainer.close)
         if trainer.resumed_from:
             print(f"mrl trainer: resumed from {trainer.resumed_from} at step {trainer.state.step}", file=sys.stderr)
+        if exchange is not None:
+            _send_outbox(trainer)
         state = trainer.run(should_stop=stop.is_set)
         summary = {"policy": config.policy, "step": state.step, "steps": config.steps,
                    "rollouts_total": state.rollouts_total, "stopped_early": state.step < config.steps,
+                   "unpublished": Outbox(config.checkpoint.dir).pending(),
                    "checkpoint_dir": config.checkpoint.dir, "metrics": str(trainer.metrics.path)}
     print(json.dumps(summary), flush=True)
     return summary
 
 
-def main(config_path: str, overrides: list[str]) -> None:
+def _send_outbox(trainer) -> None:
+    """Send what an earlier run left in the outbox; a batch the exchange refuses is set aside, not fatal."""
     try:
-        run(config_path, parse_overrides(overrides))
+        sent = trainer.publish([])
     except TrainerError as exc:
-        print(f"mrl trainer: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        print(f"mrl trainer: warning: {exc}", file=sys.stderr)
+        return
+    if sent:
+        print(f"mrl trainer: sent {sent} experiences an earlier run left in the outbox", file=sys.stderr)

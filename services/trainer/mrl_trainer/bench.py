@@ -41,8 +41,9 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from mrl import benchmarking
 from mrl.assets import tokenizer_cache_dir
+from mrl.errors import FailedPrecondition
+from mrl_serving import benchmarking
 
 __all__ = ["main", "TARGET"]
 
@@ -86,10 +87,10 @@ def _run_mrl(folder, P, G, T, steps, warmup, threads, device) -> dict:
     import torch
     torch.set_num_threads(threads)
     from mrl_trainer.config import TrainerConfig
-    from mrl_trainer.trainer import Trainer
+    from mrl_trainer.trainer import build_trainer
     rollout, step, tokens, prompt_tokens, signal = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="mrl-bench-trainer-") as tmp:
-        trainer = Trainer(TrainerConfig.model_validate({
+        trainer = build_trainer(TrainerConfig.model_validate({
             "policy": "bench", "seed": SEED, "device": device, "steps": warmup + steps,
             "model": {"source": "hf", "path": folder, "dtype": "float32"}, "task": TASK,
             "rollout": {"group_size": G, "prompts_per_step": P, "max_new_tokens": T, "temperature": 1.0,
@@ -198,7 +199,7 @@ def main(quick: bool = False) -> dict:
             folder, model = _tiny_folder(tmp), "tiny GPT-2 (2 layers × 64, random weights, GPT-2 tokenizer)"
         else:
             if not SMOLLM2.is_file():
-                raise SystemExit(f"mrl bench trainer: {SMOLLM2} is missing: run `make tokenizers`")
+                raise FailedPrecondition(f"mrl bench trainer: {SMOLLM2} is missing: run `make tokenizers`")
             folder, model = str(gguf_folder(str(SMOLLM2))), "SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to fp32)"
         print(f"mrl bench trainer: {machine}\n  {model}, {device}, {threads} threads; arithmetic L2, P={P} prompts × "
               f"G={G}, T={T} new tokens; {warmup} warm-up + {steps} measured steps; each side in its own process",

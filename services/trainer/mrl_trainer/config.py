@@ -4,7 +4,7 @@
     model               ModelSpec: hf folder, gguf file, or built from a config
     task                TaskSpec: the verifiable task family (train split; eval split held out)
     rollout             group size G, prompts per step, sampling
-    loss                GRPO / GSPO / Dr.GRPO / DAPO knobs (DESIGN.md §5)
+    loss                GRPO / GSPO / Dr.GRPO / DAPO knobs (docs/algorithms.md)
     sharing             the sharing mode (none, prp, xgrpo, sgt, hacpo), its peers and their wait
     warm_start          an optional short supervised pass before RL (a policy built from scratch)
     eval, checkpoint, metrics, exchange, scheduler
@@ -26,7 +26,7 @@ from mrl_trainer.errors import TrainerError
 from mrl_trainer.losses import Aggregation, ImportanceLevel
 from mrl_trainer.policy import ModelSpec
 from mrl_trainer.sft import WarmStartConfig
-from mrl_trainer.sharing import SharingConfig
+from mrl_trainer.sharing import SharingConfig, sharing_config
 from mrl_trainer.tasks import TaskSpec
 
 __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
@@ -123,7 +123,7 @@ class TrainerConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     exchange: ExchangeConfig | None = Field(None, description="Publish experience to this exchange (None: solo).")
-    sharing: SharingConfig = SharingConfig()
+    sharing: SharingConfig = Field(default_factory=sharing_config)
     warm_start: WarmStartConfig | None = Field(None, description="Supervised warm start before RL (cached).")
     scheduler: SchedulerConfig | None = Field(None, description="Lease devices from this scheduler (None: don't).")
 

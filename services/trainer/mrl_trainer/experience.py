@@ -1,4 +1,4 @@
-"""What one training step publishes to the exchange (DESIGN.md §1): the four experience kinds.
+"""What one training step publishes to the exchange (docs/architecture.md, "Typed experience"): the four experience kinds.
 
     rollout        every sample: prompt, response, token ids, behaviour log-probs, reward, verdict
     group_stats    each prompt's G rewards

@@ -29,7 +29,7 @@ from mrl.experience import kind_of
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.sharing import PeerBatch, PeerSample
 
-__all__ = ["PeerInbox", "Arrived", "Retokenizer", "to_peer_batch"]
+__all__ = ["PeerInbox", "PeerIndex", "Arrived", "Retokenizer", "to_peer_batch"]
 
 log = logging.getLogger("mrl.trainer.peers")
 
@@ -54,14 +54,55 @@ class Arrived:
     complete: float          # share of (prompt, expected producer) pairs complete at return
 
 
+class PeerIndex:
+    """The peers' experience by prompt id and producer, and their latest capabilities: what the inbox keeps
+    between steps (PeerInbox holds its lock around every call; the bandit testbed uses it directly).
+
+    Experience below `floor` (step − max_staleness) is not kept; a redelivered experience (same id) is
+    stored once; policy_stats only update the producer's capability P̂."""
+
+    def __init__(self):
+        self.floor = 0
+        self.entries: dict[str, dict[str, _Entry]] = collections.defaultdict(dict)
+        self._capability: dict[str, tuple[int, float]] = {}
+
+    def add(self, e, delivery_id: str | None = None) -> bool:
+        """Index one experience (and the delivery that brought it); False when nothing waits for a step
+        (stale, or policy_stats): its delivery can be acked at once."""
+        kind = kind_of(e)
+        if e.policy_version < self.floor:
+            return False
+        if kind == "policy_stats":
+            if e.policy_version >= self._capability.get(e.producer, (-1, 0.0))[0]:
+                self._capability[e.producer] = (e.policy_version, e.policy_stats.capability)
+            return False
+        payload = getattr(e, kind)
+        entry = self.entries[payload.prompt_id].setdefault(e.producer, _Entry(e.policy_version))
+        if delivery_id is not None:
+            entry.deliveries.append(delivery_id)
+        if e.experience_id not in entry.seen:
+            entry.seen.add(e.experience_id)
+            if kind == "group_stats":
+                entry.group_rewards = list(payload.rewards)
+            else:
+                (entry.rollouts if kind == "rollout" else entry.successes).append(payload)
+        return True
+
+    def take(self, prompt_ids: list[str]) -> dict[str, dict[str, _Entry]]:
+        """Remove and return the entries of these prompts."""
+        return {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
+
+    def capability(self) -> dict[str, float]:
+        """Each producer's latest published P̂."""
+        return {producer: value for producer, (_, value) in self._capability.items()}
+
+
 class PeerInbox:
     def __init__(self, exchange, run_id: str, policy: str, kinds: tuple[str, ...], peers: list[str],
                  max_staleness: int):
         self.kinds = tuple(sorted({*kinds, "group_stats"}))   # group_stats says how many rollouts to expect
         self.peers, self.max_staleness = list(peers), max_staleness
-        self._floor = 0
-        self._entries: dict[str, dict[str, _Entry]] = collections.defaultdict(dict)
-        self._capability: dict[str, tuple[int, float]] = {}
+        self._index = PeerIndex()
         self._cond = threading.Condition()
         self._error: Exception | None = None
         self._closing = False
@@ -85,24 +126,9 @@ class PeerInbox:
 
     def _add(self, delivery) -> list[str]:
         """Store one delivery; returns the delivery ids to ack now (stale, or policy_stats)."""
-        e, kind = delivery.experience, kind_of(delivery.experience)
         with self._cond:
-            if e.policy_version < self._floor:
+            if not self._index.add(delivery.experience, delivery.delivery_id):
                 return [delivery.delivery_id]
-            if kind == "policy_stats":
-                if e.policy_version >= self._capability.get(e.producer, (-1, 0.0))[0]:
-                    self._capability[e.producer] = (e.policy_version, e.policy_stats.capability)
-                return [delivery.delivery_id]
-            payload = getattr(e, kind)
-            entry = self._entries[payload.prompt_id].setdefault(e.producer, _Entry(e.policy_version))
-            entry.deliveries.append(delivery.delivery_id)
-            if e.experience_id in entry.seen:
-                return []
-            entry.seen.add(e.experience_id)
-            if kind == "group_stats":
-                entry.group_rewards = list(payload.rewards)
-            else:
-                (entry.rollouts if kind == "rollout" else entry.successes).append(payload)
             self._cond.notify_all()
             return []
 
@@ -124,7 +150,7 @@ class PeerInbox:
         """(complete pairs, expected pairs) over the prompts and the expected producers."""
         done = 0
         for pid in prompt_ids:
-            by_producer = self._entries.get(pid, {})
+            by_producer = self._index.entries.get(pid, {})
             if self.peers:
                 done += sum(p in by_producer and self._complete(by_producer[p]) for p in self.peers)
             else:
@@ -134,13 +160,14 @@ class PeerInbox:
     def _prune(self) -> list[str]:
         """Drop entries below the staleness floor; returns their delivery ids (to ack outside the lock)."""
         stale = []
-        for pid, by_producer in list(self._entries.items()):
+        entries = self._index.entries
+        for pid, by_producer in list(entries.items()):
             for producer, entry in list(by_producer.items()):
-                if entry.version < self._floor:
+                if entry.version < self._index.floor:
                     stale += entry.deliveries
                     del by_producer[producer]
             if not by_producer:
-                del self._entries[pid]
+                del entries[pid]
         return stale
 
     def collect(self, step: int, prompt_ids: list[str], timeout_s: float, stop=lambda: False) -> Arrived:
@@ -148,7 +175,7 @@ class PeerInbox:
         what arrived."""
         start = time.monotonic()
         with self._cond:
-            self._floor = step - self.max_staleness
+            self._index.floor = step - self.max_staleness
             stale = self._prune()
             while True:
                 if self._error is not None:
@@ -158,8 +185,8 @@ class PeerInbox:
                 if done == expected or left <= 0 or stop():
                     break
                 self._cond.wait(min(left, 0.5))
-            taken = {pid: self._entries.pop(pid) for pid in prompt_ids if pid in self._entries}
-            capability = {producer: value for producer, (_, value) in self._capability.items()}
+            taken = self._index.take(prompt_ids)
+            capability = self._index.capability()
         waited = time.monotonic() - start
         self._ack(stale + [d for by_producer in taken.values() for entry in by_producer.values()
                            for d in entry.deliveries])          # an ack is an RPC: never under the lock

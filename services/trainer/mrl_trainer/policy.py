@@ -9,7 +9,7 @@
 
 Chat templates are respected: a model's own template formats its prompts; a tokenizer without
 one (GPT-2) gets `chat_template` from the spec, by default a plain "User: ...\\nAssistant:" form.
-No model hub is reached (DESIGN.md §6): every path is local.
+No model hub is reached (docs/deployment.md, "Models and tokenizers"): every path is local.
 """
 import hashlib
 import json

@@ -29,35 +29,26 @@ import time
 import numpy as np
 import torch
 
-from mrl.errors import MrlError, Unavailable
+from mrl.errors import MrlError
+from mrl.experience import validate
 from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch, capability, step_experiences
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.metrics import MetricsSink
+from mrl_trainer.outbox import Outbox
 from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
 from mrl_trainer.policy import load_policy, prompt_ids
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
-from mrl_trainer.sharing import PeerBatch, Plan, Verifier, make_sharing
+from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, Verifier, make_sharing
 from mrl_trainer.tasks import Problem, make_task
+from mrl_trainer.update import update
 
-__all__ = ["Trainer", "micro_batches"]
+__all__ = ["Trainer", "build_trainer"]
 
 log = logging.getLogger("mrl.trainer")
-
-
-def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive index groups whose padded size (count × longest) stays within `budget` tokens."""
-    groups, current, longest = [], [], 0
-    for i, n in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, n) > budget:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    return groups + ([current] if current else [])
 
 
 def _step_line(step: int, steps: int, record: dict) -> str:
@@ -69,62 +60,104 @@ def _step_line(step: int, steps: int, record: dict) -> str:
             f"update {record['update_s']:.1f} s{extra}")
 
 
-class Trainer:
-    def __init__(self, config: TrainerConfig, exchange=None):
-        """`exchange`: an mrl.exchange_client.ExchangeClient to publish to (None: solo)."""
-        self.cfg = config
-        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                                   else "cpu" if config.device == "auto" else config.device)
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        self.model, self.tokenizer = load_policy(config.model, self.device, seed=config.seed)
-        self.task = make_task(config.task)
-        found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
-        if config.warm_start and not found:
-            key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
-                                  digest_size=8).hexdigest()
-            stats = warm_start(self.model, self.tokenizer, self.task, config.warm_start,
-                               system_prompt=config.system_prompt, seed=config.seed, cache_key=key, device=self.device)
-            log.info("warm start: %s", "loaded from the cache" if stats["cached"] else
-                     f"{stats['steps']} steps, loss {stats['initial_loss']:.3f} → {stats['final_loss']:.3f}, "
-                     f"{stats['seconds']:.0f} s")
-        self.reference = (copy.deepcopy(self.model).eval().requires_grad_(False) if config.loss.beta > 0 else None)
-        self.engine = make_engine(config.rollout.engine, self.model, self.tokenizer, config.rollout.max_batch)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.loss.lr,
-                                           weight_decay=config.loss.weight_decay)
-        self.state = TrainState()
-        if found:
-            self.state = load_checkpoint(found, self.model, self.optimizer)
-            self.engine.sync_weights(self.model)
-        self.exchange = exchange
-        self.sharing = make_sharing(config.sharing, config.loss)
-        self._closing = contextlib.ExitStack()
-        self.inbox = self.retokenize = self.scheduler = None
-        if self.sharing.kinds:
+def build_trainer(config: TrainerConfig, exchange=None) -> "Trainer":
+    """The Trainer of `config`, with every collaborator made from it.
+
+    The policy is loaded (resumed from the latest checkpoint in checkpoint.dir when there is one,
+    else warm-started when `warm_start` is set), then its optimizer, task and sharing mode; with a
+    sharing mode that takes peers' experience, the peer inbox on `exchange` and the THL client;
+    with `scheduler` configured, the lease client; the metrics sink. `exchange`: an
+    mrl.ExchangeClient to publish to and subscribe from (None: solo); it stays the caller's to close,
+    everything else closes with the trainer.
+    """
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if config.device == "auto" else config.device)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    model, tokenizer = load_policy(config.model, device, seed=config.seed)
+    task = make_task(config.task)
+    found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
+    if config.warm_start and not found:
+        _warm_start(config, model, tokenizer, task, device)
+    # the KL anchor is the initial policy (after any warm start), never a resumed checkpoint's weights
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.loss.beta > 0 else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.loss.lr, weight_decay=config.loss.weight_decay)
+    state = load_checkpoint(found, model, optimizer) if found else TrainState()
+    sharing = make_sharing(config.sharing, config.loss)
+    closing = contextlib.ExitStack()
+    try:
+        inbox = retokenize = scheduler = None
+        if sharing.kinds:
             if exchange is None:
-                raise TrainerError(f"sharing mode {self.sharing.name!r} takes peers' experience: pass an exchange client")
-            self.inbox = self._closing.enter_context(contextlib.closing(PeerInbox(
-                exchange, config.run_id, config.policy, self.sharing.kinds, config.sharing.peers,
+                raise TrainerError(f"sharing mode {sharing.name!r} takes peers' experience: pass an exchange client")
+            inbox = closing.enter_context(contextlib.closing(PeerInbox(
+                exchange, config.run_id, config.policy, sharing.kinds, config.sharing.peers,
                 config.sharing.max_staleness)))
-            self.retokenize = Retokenizer(config.exchange.tokenizer_id, self._align_client())
+            retokenize = Retokenizer(config.exchange.tokenizer_id, _align_client(config, closing))
         if config.scheduler:
             from mrl.scheduler_client import SchedulerClient
-            self.scheduler = self._closing.enter_context(SchedulerClient(
+            scheduler = closing.enter_context(SchedulerClient(
                 config.scheduler.target, config.scheduler.token or os.environ.get("MRL_TOKEN"),
                 run_id=config.run_id, policy=config.policy))
-        self.metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
-                                   config.metrics.prometheus_port, config.metrics.tensorboard)
-        self.resumed_from = found
-        self._should_stop = lambda: False     # run()'s, so that a stop cuts the wait for peers short
-        self._saved_step = self.state.step if found else None
+        metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
+                              config.metrics.prometheus_port, config.metrics.tensorboard)
+        closing.callback(metrics.close)
+        return Trainer(config, model=model, tokenizer=tokenizer, task=task, optimizer=optimizer, sharing=sharing,
+                       metrics=metrics, state=state, resumed_from=found, reference=reference, exchange=exchange,
+                       inbox=inbox, retokenize=retokenize, scheduler=scheduler, closing=closing)
+    except BaseException:      # what was opened (inbox thread, clients, metrics port) is closed again
+        closing.close()
+        raise
 
-    def _align_client(self):
-        align = self.cfg.sharing.align
-        if align is None:
-            return None
-        from mrl.align_client import AlignClient
-        token = align.token or self.cfg.exchange.token or os.environ.get("MRL_TOKEN")
-        return self._closing.enter_context(AlignClient(align.target, token))
+
+def _warm_start(config: TrainerConfig, model, tokenizer, task, device) -> None:
+    """The supervised warm start, cached by model, task and warm-start settings (sft.py)."""
+    key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
+                          digest_size=8).hexdigest()
+    stats = warm_start(model, tokenizer, task, config.warm_start, system_prompt=config.system_prompt,
+                       seed=config.seed, cache_key=key, device=device)
+    log.info("warm start: %s", "loaded from the cache" if stats["cached"] else
+             f"{stats['steps']} steps, loss {stats['initial_loss']:.3f} → {stats['final_loss']:.3f}, "
+             f"{stats['seconds']:.0f} s")
+
+
+def _align_client(config: TrainerConfig, closing: contextlib.ExitStack):
+    """A THL client for retokenizing peers (None without sharing.align: same-tokenizer peers only)."""
+    align = config.sharing.align
+    if align is None:
+        return None
+    from mrl.align_client import AlignClient
+    token = align.token or config.exchange.token or os.environ.get("MRL_TOKEN")
+    return closing.enter_context(AlignClient(align.target, token))
+
+
+class Trainer:
+    """One policy's training loop over the collaborators it is handed (build_trainer makes them from a config).
+
+    Tests may hand it their own task, sharing mode, inbox or metrics sink. The rollout engine is made
+    from `model`, and so is the frozen KL reference when beta > 0 and none is handed in; `closing` is
+    closed with the trainer.
+    """
+
+    def __init__(self, config: TrainerConfig, *, model, tokenizer, task, optimizer, sharing: SharingMode,
+                 metrics: MetricsSink, state: TrainState | None = None, resumed_from=None, reference=None,
+                 exchange=None,
+                 inbox: PeerInbox | None = None, retokenize: Retokenizer | None = None, scheduler=None,
+                 closing: contextlib.ExitStack | None = None):
+        self.cfg = config
+        self.model, self.tokenizer, self.task, self.optimizer = model, tokenizer, task, optimizer
+        self.device = next(model.parameters()).device
+        if reference is None and config.loss.beta > 0:     # the KL anchor: the model as handed in
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.reference = reference
+        self.engine = make_engine(config.rollout.engine, model, tokenizer, config.rollout.max_batch)
+        self.state = state or TrainState()
+        self.sharing, self.metrics = sharing, metrics
+        self.exchange, self.inbox, self.retokenize, self.scheduler = exchange, inbox, retokenize, scheduler
+        self._closing = closing or contextlib.ExitStack()
+        self.resumed_from = resumed_from
+        self._should_stop = lambda: False     # run()'s, so that a stop cuts the wait for peers short
+        self._saved_step = self.state.step if resumed_from else None
 
     @contextlib.contextmanager
     def _lease(self, phase: str):
@@ -180,71 +213,19 @@ class Trainer:
                          answers=[[v[1] for v in group] for group in verified])
 
     def update(self, batch: StepBatch, plan: Plan | None = None) -> dict[str, float]:
-        """μ optimizer updates on the batch (own samples, and the plan's extra sequences); loss statistics."""
-        loss_cfg, pad = self.cfg.loss, self.tokenizer.pad_token_id
+        """μ optimizer updates on the batch (own samples, and the plan's extra sequences); loss statistics.
+        The update itself is update.update, over this policy's log-probs (and its frozen reference's)."""
         plan = plan or self.sharing.plan(batch, PeerBatch(), capability=self._capability(), verify=self._verifier(batch))
-        flat = [s for group in batch.samples for s in group]
-        own_prompts = [group[0].prompt_ids for group in batch.samples]
-        # With beta = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the
-        # plan's totals stay whole), so only the others are forwarded: same update, less compute.
-        active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or plan.advantages[i] != 0)]
-        extras = [e for e in plan.extras if e.ids]
-        if not active and not extras:
-            return {"skipped": 1.0, "extras": 0, **plan.stats}
-        advantages = plan.advantages[active]
-        own = ([flat[i].prompt_ids for i in active], [flat[i].ids for i in active])
-        peer = ([own_prompts[e.prompt_index] for e in extras], [e.ids for e in extras])
-        budget, temperature, max_tokens = loss_cfg.micro_batch_tokens, self.cfg.rollout.temperature, \
-            self.cfg.rollout.max_new_tokens
-        own_groups = micro_batches([len(p) + len(c) for p, c in zip(*own)], budget)
-        extra_groups = micro_batches([len(p) + len(c) for p, c in zip(*peer)], budget)
-        old = None
-        if loss_cfg.updates_per_step > 1:
-            with torch.no_grad():
-                old = [completion_logprobs(self.model, [own[0][i] for i in g], [own[1][i] for i in g], pad,
-                                           temperature)[0] for g in own_groups]
-        for m in range(loss_cfg.updates_per_step):     # the statistics reported are the last update's
-            loss_total, sums, per_sequence = 0.0, {}, {}
-            for k, g in enumerate(own_groups):
-                mb_prompts, mb_completions = [own[0][i] for i in g], [own[1][i] for i in g]
-                logp, mask = completion_logprobs(self.model, mb_prompts, mb_completions, pad, temperature)
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = completion_logprobs(self.reference, mb_prompts, mb_completions, pad, temperature)[0]
-                loss, stats = self.sharing.own_loss(logp, logp.detach() if old is None else old[k],
-                                                    advantages[g].to(logp.device), mask, ref_logp=ref,
-                                                    max_tokens=max_tokens, totals=plan.totals)
-                loss_total += self._backward(loss, batch.step)
-                for name, value in stats.items():
-                    sums[name] = sums.get(name, 0.0) + value * len(g) / len(active)
-            for g in extra_groups:
-                logp, mask = completion_logprobs(self.model, [peer[0][i] for i in g], [peer[1][i] for i in g], pad,
-                                                 temperature)
-                loss, stats = self.sharing.extra_loss(logp, mask, [extras[i] for i in g], update=m,
-                                                      max_tokens=max_tokens, totals=plan.extra_totals)
-                loss_total += self._backward(loss, batch.step)
-                for name, values in stats.items():
-                    per_sequence.setdefault(name, []).append(values.detach().cpu())
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), loss_cfg.max_grad_norm)
-            if not torch.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise TrainerError(f"non-finite gradient norm at step {batch.step}: no update was applied")
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        self.engine.sync_weights(self.model)
-        if per_sequence:
-            sums.update(self.sharing.summarize({k: torch.cat(v) for k, v in per_sequence.items()}))
-        return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(active) / len(flat),
-                "extras": len(extras), **plan.stats, **sums}
+        pad, temperature = self.tokenizer.pad_token_id, self.cfg.rollout.temperature
 
-    def _backward(self, loss: torch.Tensor, step: int) -> float:
-        if not torch.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise TrainerError(f"non-finite loss ({loss.item()}) at step {step}: no update was "
-                               f"applied; lower loss.lr or check the rewards and the model's dtype")
-        loss.backward()
-        return loss.item()
+        def logprobs(model):
+            return lambda prompts, completions: completion_logprobs(model, prompts, completions, pad, temperature)
+        stats = update(logprobs(self.model), list(self.model.parameters()), self.optimizer, self.sharing,
+                       self.cfg.loss, batch, plan, max_tokens=self.cfg.rollout.max_new_tokens,
+                       reference=None if self.reference is None else logprobs(self.reference))
+        if "skipped" not in stats:
+            self.engine.sync_weights(self.model)
+        return stats
 
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out (eval split) problems."""
@@ -294,20 +275,25 @@ class Trainer:
         return record
 
     def publish(self, experiences) -> int:
-        """Publish a step's experience; returns how many were sent (0 while the exchange is unreachable).
+        """Publish a step's experience through the outbox (outbox.py, under checkpoint.dir), with whatever
+        earlier steps or runs left there; returns how many experiences the exchange took now. With no
+        experiences, sends only what the outbox holds.
 
-        An unreachable exchange (after the client's retries) does not stop training: the step's
-        experience is skipped with a warning, as a dead peer must not block a policy. A refusal
-        (bad token, wrong policy, invalid experience) is a configuration error and stops the run.
+        An unreachable exchange (after the client's retry budget) does not stop training, as a dead peer
+        must not block a policy, nor loses anything: the experience waits in the outbox for a later step
+        or the next run. A refusal (bad token, wrong policy, invalid experience) is a configuration error
+        and stops the run.
         """
+        outbox = Outbox(self.cfg.checkpoint.dir)
         try:
-            self.exchange.publish(experiences)
-        except Unavailable as exc:
-            log.warning("exchange unreachable, step's experience not published: %s", exc)
-            return 0
+            for exp in experiences:
+                validate(exp)  # before it is kept: an experience no exchange takes must not block the outbox
+            if experiences:
+                outbox.put(experiences)
+            return outbox.send(self.exchange.publish)
         except MrlError as exc:
-            raise TrainerError(f"the exchange refused this trainer's experience: {exc}") from exc
-        return len(experiences)
+            raise TrainerError(f"the exchange refused this trainer's experience: {exc} (what it has not taken "
+                               f"waits in {outbox.folder})") from exc
 
     # --- the run --------------------------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -359,5 +345,4 @@ class Trainer:
 
     def close(self) -> None:
         self._closing.close()
-        self.metrics.close()
         getattr(self.engine, "close", lambda: None)()    # SGLang's subprocesses; HF has nothing to free

@@ -1,4 +1,4 @@
-"""GRPO-family losses as pure functions of tensors (DESIGN.md §5).
+"""GRPO-family losses as pure functions of tensors (docs/algorithms.md).
 
 Two stages, each chosen by a `Literal` name: a per-token surrogate (`policy_loss`, with the importance ratio at
 `level` "token" = GRPO or "sequence" = GSPO, clipped at eps_low / eps_high, plus beta * k3 KL), then an

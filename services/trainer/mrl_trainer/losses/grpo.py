@@ -17,7 +17,7 @@ Departures from the GRPO paper, all matching TRL 1.16 `GRPOTrainer._compute_loss
 dr_grpo x importance_sampling_level token, sequence; tests/test_trainer_losses.py compares them):
 - the aggregation is a choice (the paper's is seq-mean-token-mean);
 - `kl_ratio_weight=True` multiplies D by w (DeepSeek-V3.2's unbiased KL gradient; TRL's
-  use_bias_correction_kl, True by default there). The default here is False, the plain k3 of DESIGN.md §5.
+  use_bias_correction_kl, True by default there). The default here is False, the plain k3 of docs/algorithms.md.
 Not offered: TRL's `delta` cap on w, its off-policy sequence mask, entropy mask or bonus, vLLM importance
 correction, and the cispo / sapo / vespo / luspo losses.
 

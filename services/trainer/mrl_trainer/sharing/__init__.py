@@ -1,4 +1,4 @@
-"""Sharing modes: how a policy turns its peers' experience into loss terms (DESIGN.md §5).
+"""Sharing modes: how a policy turns its peers' experience into loss terms (docs/algorithms.md).
 
     none    solo GRPO / GSPO                                      takes nothing
     prp     Peer Rollout Pooling: pooled group, truncated ρ       takes rollout
@@ -11,23 +11,48 @@ Each policy chooses its mode in its own config (`sharing:`), so one run can mix 
 policy publishes all four kinds whatever its mode. Coordination (trainer.py, peers.py): prompts
 by global id; at step t a policy waits at most `peer_wait_s` for its peers' experience of its
 batch, then goes on with what arrived; experience older than `max_staleness` versions is dropped.
-"""
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+A mode describes itself in its class (name, title, kinds, Config, stats: see SharingMode) and is
+registered in MODES; the `sharing:` config (SharingConfig), `mrl experiment compare` and the run
+report are built from that registry. Adding a mode is one module and one line in MODES.
+"""
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model
 
 from mrl_trainer.sharing.base import Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier
-from mrl_trainer.sharing.hacpo import HACPO, HACPOConfig
+from mrl_trainer.sharing.hacpo import HACPO
 from mrl_trainer.sharing.none import NoSharing
-from mrl_trainer.sharing.prp import PRP, PRPConfig
-from mrl_trainer.sharing.sgt import SGT, SGTConfig
+from mrl_trainer.sharing.prp import PRP
+from mrl_trainer.sharing.sgt import SGT
 from mrl_trainer.sharing.xgrpo import XGRPO
 
-__all__ = ["SharingConfig", "AlignConfig", "SHARING_MODES", "make_sharing", "Extra", "PeerBatch", "PeerSample",
-           "Plan", "SharingMode", "Verifier"]
+__all__ = ["MODES", "SHARING_MODES", "SharingConfig", "sharing_config", "AlignConfig", "Coordination",
+           "STAT_SOURCES", "stat_labels", "make_sharing", "Extra", "PeerBatch", "PeerSample", "Plan", "SharingMode",
+           "Verifier"]
 
-SharingName = Literal["none", "prp", "xgrpo", "sgt", "hacpo"]
-SHARING_MODES: dict[str, type[SharingMode]] = {m.name: m for m in (NoSharing, PRP, XGRPO, SGT, HACPO)}
+MODES: tuple[type[SharingMode], ...] = (NoSharing, PRP, XGRPO, SGT, HACPO)
+SHARING_MODES: dict[str, type[SharingMode]] = {m.name: m for m in MODES}
+
+
+class Coordination:
+    """Not a mode: the statistics the trainer logs, declared like a mode's, for every mode that takes peers'
+    experience (peers.to_peer_batch): the wait for peers and the THL residual of the retokenized responses."""
+    stats = {"peer_wait_s": "seconds waited for peers", "peers_complete": "fraction of peers in time",
+             "thl_one_to_one": "THL share of 1:1 chunks", "thl_lossless": "THL share lossless",
+             "thl_tokens_per_chunk": "THL tokens per chunk"}
+    figures = {"exchange": ("peer_wait_s", "peers_complete"),
+               "thl": ("thl_one_to_one", "thl_lossless", "thl_tokens_per_chunk")}
+    cumulative = frozenset()
+    summary = {"thl_one_to_one": "mean THL 1:1 share"}
+
+
+STAT_SOURCES = (*MODES, Coordination)    # everything that declares logged statistics, in report order
+
+
+def stat_labels() -> dict[str, str]:
+    """Every statistic the sharing modes and the coordination with peers log → its label."""
+    return {key: label for source in STAT_SOURCES for key, label in source.stats.items()}
 
 
 class AlignConfig(BaseModel):
@@ -36,9 +61,10 @@ class AlignConfig(BaseModel):
     token: str | None = Field(None, description="Bearer token (default: the exchange's token, or env MRL_TOKEN).")
 
 
-class SharingConfig(BaseModel):
+class _Sharing(BaseModel):
+    """The fields of `sharing:` common to every mode."""
     model_config = ConfigDict(extra="forbid")
-    mode: SharingName = Field("none", description="none | prp | xgrpo | sgt | hacpo.")
+    mode: str
     peers: list[str] = Field(default_factory=list, description="Policies whose experience is used and waited for "
                                                                "([]: any producer; wait for at least one).")
     peer_wait_s: float = Field(30.0, ge=0, le=3600, description="At step t, wait at most this long for the peers' "
@@ -46,10 +72,33 @@ class SharingConfig(BaseModel):
     max_staleness: int = Field(1, ge=0, description="Drop peer experience whose policy version is below "
                                                     "(own step − max_staleness).")
     align: AlignConfig | None = Field(None, description="THL, to retokenize peers whose tokenizer differs.")
-    prp: PRPConfig = PRPConfig()
-    sgt: SGTConfig = SGTConfig()
-    hacpo: HACPOConfig = HACPOConfig()
 
 
-def make_sharing(sharing: SharingConfig, loss) -> SharingMode:
+def _member(mode: type[SharingMode]) -> type[_Sharing]:
+    """`sharing:` in this mode: the common fields, `mode: <name>`, and the knobs section of EVERY mode that has
+    knobs (`prp:`, `sgt:`, `hacpo:`), so that a config keeps validating when only its `mode` is changed."""
+    sections = {m.name: (m.Config, m.Config()) for m in MODES if m.Config.model_fields}
+    return create_model(f"SharingConfig[{mode.name}]", __base__=_Sharing, __doc__=f"sharing: {mode.title}",
+                        mode=(Literal[mode.name], Field(mode.name, description=mode.title)), **sections)
+
+
+def _mode_of(value) -> str | None:
+    """The discriminator: the `mode` of a `sharing:` mapping ("none" when it names none) or of a model."""
+    return value.get("mode", "none") if isinstance(value, dict) else getattr(value, "mode", None)
+
+
+SharingConfig = Annotated[
+    Union[tuple(Annotated[_member(m), Tag(m.name)] for m in MODES)],
+    Discriminator(_mode_of, custom_error_type="sharing_mode",
+                  custom_error_message=f"sharing.mode must be one of the registered modes {', '.join(SHARING_MODES)}"),
+]
+_ADAPTER = TypeAdapter(SharingConfig)
+
+
+def sharing_config(**fields) -> _Sharing:
+    """A validated `sharing:` section, e.g. sharing_config(mode="sgt", sgt={"lam": 0.2}); mode none by default."""
+    return _ADAPTER.validate_python(fields)
+
+
+def make_sharing(sharing: _Sharing, loss) -> SharingMode:
     return SHARING_MODES[sharing.mode](sharing, loss)

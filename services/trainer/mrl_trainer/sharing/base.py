@@ -1,6 +1,6 @@
 """What every sharing mode shares: peer experience in this policy's tokens, the update plan, the base mode.
 
-A step of policy k with a sharing mode (DESIGN.md §5):
+A step of policy k with a sharing mode (docs/algorithms.md):
 
     own batch     P prompts × G samples, rewards R, behaviour log-probs          (StepBatch)
     peers         what the peers published for the same prompt ids, retokenized   (PeerBatch)
@@ -15,13 +15,14 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
+from pydantic import BaseModel
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages, masked_seq_mean, policy_loss
 
 __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
-           "cross_log_ratio"]
+           "cross_log_ratio", "PEER_STATS"]
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,32 @@ def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor) -> 
     return masked_seq_mean(logp, mask) - behaviour_mean_logp
 
 
+PEER_STATS = {"peer_samples": "peer samples used",
+              "peer_reward_disputed": "peer rewards disputed by the own verifier"}   # modes that pool rollouts
+
+
 class SharingMode:
-    """none: solo GRPO / GSPO. Subclasses override `kinds`, `plan` and `extra_loss`."""
-    name: ClassVar[str] = "none"
-    kinds: ClassVar[tuple[str, ...]] = ()      # experience kinds taken from peers
+    """The base of the sharing modes; its methods are solo GRPO / GSPO (none). Each mode's class declares
+
+        name, title   its `sharing.mode` value and its full name
+        kinds         the experience kinds it takes from peers (of rollout, group_stats, success, policy_stats)
+        Config        its knobs (pydantic, extra="forbid"): the `sharing.<name>` section when it has any
+        stats         every statistic its plan() and summarize() log → a label
+        figures       report figure ("thl", "ratios", "sgt", "exchange") → the stats it draws
+        cumulative    the stats that count per step: figures draw them summed over steps
+        summary       stat → its column in the report's summary table (the total if cumulative, else the mean)
+
+    and overrides plan, and extra_loss (and summarize) when it forwards extra sequences; the registry in
+    sharing/__init__.py lists it.
+    """
+    name: ClassVar[str]
+    title: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+    Config: ClassVar[type[BaseModel]]
+    stats: ClassVar[dict[str, str]]
+    figures: ClassVar[dict[str, tuple[str, ...]]] = {}
+    cumulative: ClassVar[frozenset[str]] = frozenset()
+    summary: ClassVar[dict[str, str]] = {}
 
     def __init__(self, sharing, loss):
         """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig."""

@@ -31,7 +31,8 @@ from torch import Tensor
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_loss
 from mrl_trainer.losses import Aggregation
-from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio, pooled_peers
+from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio,
+                                      pooled_peers)
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -89,7 +90,13 @@ def peer_loss(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, advantage
 
 class HACPO(SharingMode):
     name = "hacpo"
+    title = "HACPO — Heterogeneous Agent Collaborative Policy Optimization"
     kinds = ("rollout", "policy_stats")
+    Config = HACPOConfig
+    stats = {**PEER_STATS, "hacpo_ratio_mean": "HACPO mean ratio", "hacpo_clipped": "HACPO fraction clipped",
+             "hacpo_omega_mean": "HACPO mean ω", "hacpo_lower_bound": "HACPO lower bound"}
+    figures = {"ratios": ("hacpo_ratio_mean", "hacpo_clipped", "hacpo_omega_mean", "hacpo_lower_bound"),
+               "exchange": ("peer_samples",)}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         cfg = self.sharing.hacpo

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import aggregate, group_advantages
-from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio, pooled_peers
+from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio,
+                                      pooled_peers)
 
 __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
@@ -55,7 +56,12 @@ def peer_rollout_loss(logp: Tensor, mask: Tensor, advantages: Tensor, weights: T
 
 class PRP(SharingMode):
     name = "prp"
+    title = "PRP — Peer Rollout Pooling"
     kinds = ("rollout",)
+    Config = PRPConfig
+    stats = {**PEER_STATS, "prp_rho_mean": "PRP mean ρ", "prp_log_rho_var": "PRP var log ρ",
+             "prp_truncated": "PRP fraction truncated at c"}
+    figures = {"ratios": ("prp_rho_mean", "prp_log_rho_var", "prp_truncated"), "exchange": ("peer_samples",)}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         rewards, groups, members = [], [], []          # members: None for own, the PeerSample for a peer

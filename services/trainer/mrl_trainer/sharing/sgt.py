@@ -38,7 +38,14 @@ def rescue_nll(logp: Tensor, mask: Tensor, lam: float, num_rescued: int) -> Tens
 
 class SGT(SharingMode):
     name = "sgt"
+    title = "SGT — Success-Gated Transfer"
     kinds = ("success",)
+    Config = SGTConfig
+    stats = {"sgt_rescued": "SGT prompts rescued", "sgt_accepted": "SGT peer successes accepted",
+             "sgt_rejected": "SGT peer successes rejected", "sgt_nll": "SGT NLL of the rescued responses"}
+    figures = {"sgt": ("sgt_rescued", "sgt_accepted", "sgt_rejected")}
+    cumulative = frozenset({"sgt_rescued", "sgt_accepted", "sgt_rejected"})
+    summary = {"sgt_rescued": "SGT rescues (cum.)", "sgt_rejected": "SGT rejections (cum.)"}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         plan = super().plan(batch, peers, capability=capability, verify=verify)

@@ -12,12 +12,18 @@ A pool whose rewards are all equal gives A = 0 (as GRPO). Without peer stats for
 Stats: xgrpo_pooled = mean pool size per prompt.
 """
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages
 from mrl_trainer.sharing.base import PeerBatch, Plan, SharingMode, Verifier
 
-__all__ = ["XGRPO", "pooled_advantages"]
+__all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
+
+
+class XGRPOConfig(BaseModel):
+    """XGRPO has no knobs."""
+    model_config = ConfigDict(extra="forbid")
 
 
 def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scale: bool) -> torch.Tensor:
@@ -34,7 +40,11 @@ def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scal
 
 class XGRPO(SharingMode):
     name = "xgrpo"
+    title = "XGRPO — Cross-Policy GRPO Advantage Sharing"
     kinds = ("group_stats",)
+    Config = XGRPOConfig
+    stats = {"xgrpo_pooled": "rewards in XGRPO pooled baseline"}
+    figures = {"exchange": ("xgrpo_pooled",)}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         advantages = pooled_advantages(batch.rewards, peers.group_rewards, self.loss.scale_rewards)

@@ -2,7 +2,7 @@
 
     a, b ~ U[lo, 10^L − 1]        lo = 0 at L = 1, else 10^(L−1) (exactly L digits)
     ∘    ~ U(OPS[L])              L1–L2: "+" only (the learning demo trains SmolLM2-135M on 2-digit
-                                  addition, DESIGN.md §6); L3: "+", "-"; L ≥ 4: "+", "-", "*"
+                                  addition, docs/results/smollm2-arithmetic.md); L3: "+", "-"; L ≥ 4: "+", "-", "*"
     answer = a ∘ b                an integer, negative when b > a under "-"
 
 Checked by the shared numeric verifier (base.final_number).

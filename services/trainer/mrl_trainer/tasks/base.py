@@ -14,7 +14,7 @@ Splits are disjoint by content, not only by seed: a question is in the eval spli
 and a procedural generator redraws from the same rng until its question lands in the requested
 split, so no eval problem is ever trained on, even at a level with few distinct problems.
 
-Final answers, lenient about where, exact about the value (DESIGN.md §6):
+Final answers, lenient about where, exact about the value (docs/algorithms.md, "Tasks and verifiers"):
   1. the answer region: the first non-empty line after the last "Answer:" (any case), or, when
      there is none, the content of the last \\boxed{...} (a \\boxed{} inside the line wins too);
   2. numeric answers: in the region, the first number after its last "=" ("Answer: 23 + 34 = 57."

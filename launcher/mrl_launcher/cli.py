@@ -1,0 +1,83 @@
+"""The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
+__all__ = ["up", "demo", "compare", "plot", "report"]
+
+
+class _RegisteredModes:
+    """The registered sharing modes as help text: read (importing torch) only when the help is shown."""
+
+    def __str__(self) -> str:
+        from mrl_trainer.sharing import SHARING_MODES
+        return ", ".join(SHARING_MODES)
+
+
+def up(parser):
+    """run a topology locally as processes: Redis, the services, N trainers (Ctrl-C stops them in order)"""
+    parser.add_argument("config", help="YAML topology, e.g. examples/local.yaml")
+
+    def run(args) -> None:
+        from mrl_launcher.topology import up as run_up
+        run_up(args.config)
+    return run
+
+
+def demo(parser):
+    """mutual RL of two heterogeneous policies on CPU (examples/mutual.yaml), with a report"""
+    parser.add_argument("topology", nargs="?", default="examples/mutual.yaml")
+    parser.add_argument("--exchange", action="store_true", help="instead: the exchange alone, with a summary")
+    parser.add_argument("--steps", type=int, default=20, help="--exchange: steps per producer")
+    parser.add_argument("--group-size", type=int, default=8, help="--exchange: samples per group")
+
+    def run(args) -> None:
+        if args.exchange:
+            from mrl_exchange.demo import main
+            main(steps=args.steps, group_size=args.group_size)
+        else:
+            from mrl_launcher.topology import up as run_up
+            run_up(args.topology)
+    return run
+
+
+def compare(parser):
+    """run each sharing mode on a topology's trainers and compare them (HTML, compare.json)"""
+    from mrl_trainer.cli import add_overrides
+    parser.add_argument("config", help="YAML topology with trainers, e.g. examples/mutual.yaml")
+    modes = parser.add_argument("--modes", help="comma-separated sharing modes among %(registered)s; must include "
+                                                "none (default: all)")
+    modes.registered = _RegisteredModes()     # argparse expands %(registered)s from the action's attributes
+    parser.add_argument("--seeds", help="comma-separated seeds for every trainer (default: each config's own)")
+    parser.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
+    add_overrides(parser, "a field of every trainer")
+
+    def run(args) -> None:
+        import json
+
+        from mrl_launcher.experiment import run_compare
+        from mrl_trainer.app import parse_overrides
+        from mrl_trainer.sharing import SHARING_MODES
+        modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
+        seeds = args.seeds and [int(s) for s in args.seeds.split(",")]
+        print(json.dumps(run_compare(args.config, modes, seeds, args.out, parse_overrides(args.overrides))),
+              flush=True)
+    return run
+
+
+def plot(parser):
+    """accuracy curves (PNG) from trainers' metrics.jsonl files"""
+    parser.add_argument("metrics", nargs="+", help="metrics.jsonl files (one curve per policy)")
+    parser.add_argument("--out", required=True, help="the PNG to write")
+
+    def run(args) -> None:
+        from mrl_launcher.figures import plot_curves
+        print(plot_curves(args.metrics, args.out))
+    return run
+
+
+def report(parser):
+    """an HTML report (PNG plots) of a multi-policy run from its metrics.jsonl files"""
+    parser.add_argument("metrics", nargs="+", help="metrics.jsonl files (one per policy)")
+    parser.add_argument("--out", required=True, help="the folder to write index.html and PNGs into")
+
+    def run(args) -> None:
+        from mrl_launcher.report import write_report
+        print(write_report(args.metrics, args.out))
+    return run

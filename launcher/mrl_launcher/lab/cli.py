@@ -1,0 +1,98 @@
+"""`mrl lab bandit`: the contextual-bandit testbed of the sharing modes (entry point "lab.bandit")."""
+__all__ = ["bandit"]
+
+QUICK = dict(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=3, probe_at=(0.0,))
+
+
+def bandit(parser):
+    """contextual-bandit testbed: every sharing mode on tiny tabular policies over real tokenizers, seeds in parallel"""
+    from mrl_launcher.lab.point import Point, default_workers
+    d = Point()
+    parser.add_argument("--sweep", action="store_true", help="the full sweep: the default point, then one axis at "
+                                                             "a time (gap, overlap, staleness, tokenizers, G)")
+    parser.add_argument("--quick", action="store_true", help="a tiny run (3 seeds, 6 steps, 6 contexts): for tests")
+    parser.add_argument("--seeds", type=int, help="seeds per mode and point (default 30; --quick 3)")
+    parser.add_argument("--modes", help="comma-separated sharing modes (default: every registered mode)")
+    parser.add_argument("--workers", type=int, default=default_workers(), help="processes (default: every core)")
+    parser.add_argument("--out", help="write bandit.json, tradeoff.png, curves.png and report.md here")
+    axes = parser.add_argument_group("the point (with --sweep: the point the sweep varies around)")
+    axes.add_argument("--gap", type=float, default=d.gap, help="competence gap: share of contexts where exactly "
+                                                               "one policy is strong (%(default)s)")
+    axes.add_argument("--overlap", type=float, default=d.overlap, help="support overlap: share of b's answers in "
+                                                                       "a's format (%(default)s)")
+    axes.add_argument("--staleness", type=int, default=d.staleness, help="peer experience from k steps ago "
+                                                                         "(%(default)s)")
+    axes.add_argument("--tokenizers", default=d.tokenizers, help="a's/b's tokenizer ids (%(default)s; gpt2/gpt2: "
+                                                                 "no mismatch)")
+    axes.add_argument("--group-size", type=int, default=d.group_size, help="G (%(default)s)")
+    more = parser.add_argument_group("settings")
+    more.add_argument("--steps", type=int)
+    more.add_argument("--contexts", type=int)
+    more.add_argument("--p-strong", type=float, help="initial success on a policy's strong contexts (0.5)")
+    more.add_argument("--p-weak", type=float, help="initial success on its weak contexts (0.02)")
+    more.add_argument("--lr", type=float)
+
+    def run(args) -> None:
+        import time
+        start = time.perf_counter()
+        import json
+        import sys
+        from dataclasses import asdict, replace
+
+        from mrl_launcher.lab.figures import point_title, write_page
+        from mrl_launcher.lab.point import Settings, sweep_points
+        from mrl_launcher.lab.run import run_points
+        from mrl_launcher.lab.stats import summarize_point
+        from mrl_trainer.sharing import SHARING_MODES
+        settings = Settings(**QUICK) if args.quick else Settings()
+        overrides = {k: getattr(args, k) for k in ("steps", "contexts", "p_strong", "p_weak", "lr")
+                     if getattr(args, k) is not None}
+        settings = replace(settings, **overrides)
+        base = Point(gap=args.gap, overlap=args.overlap, staleness=args.staleness, tokenizers=args.tokenizers,
+                     group_size=args.group_size)
+        points = sweep_points(base) if args.sweep else [base]
+        modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
+        seeds = list(range(args.seeds or (3 if args.quick else 30)))
+        print(f"mrl lab bandit: {len(points)} point(s) × {len(modes)} modes × {len(seeds)} seeds, "
+              f"{settings.steps} steps of {settings.prompts_per_step} contexts × G, {args.workers} worker(s)",
+              flush=True)
+        summaries: list[dict | None] = [None] * len(points)
+        cpu = [0.0]
+
+        def on_point(index: int, runs: dict) -> None:
+            cpu[0] += sum(r["cpu_s"] for seeds_ in runs.values() for r in seeds_)
+            summaries[index] = {"point": asdict(points[index]), "modes": summarize_point(runs)}
+            print(f"point {index + 1}/{len(points)}: {point_title(summaries[index]['point'])} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+            for mode, e in summaries[index]["modes"].items():
+                print("  " + _line(mode, e), flush=True)
+
+        run_points(points, settings, modes, seeds, args.workers, on_point)
+        seconds = time.perf_counter() - start
+        result = {"points": summaries, "settings": asdict(settings), "seeds": len(seeds), "seconds": seconds,
+                  "run_cpu_seconds": cpu[0], "workers": args.workers}
+        if args.out:
+            command = "mrl lab bandit " + " ".join(sys.argv[sys.argv.index("bandit") + 1:]) \
+                if "bandit" in sys.argv else "mrl lab bandit"
+            print(f"page: {write_page(result, args.out, command)}", flush=True)
+        print(f"done in {seconds:.1f} s ({cpu[0]:.0f} CPU s in the runs, {args.workers} workers)", flush=True)
+        print(json.dumps(result), flush=True)
+    return run
+
+
+def _line(mode: str, e: dict) -> str:
+    def f(x, spec=".3f"):
+        return "–" if x is None else format(x, spec)
+    s = e["stats"]
+    parts = [f"{mode:6s} success {f(e['final_mean'])} [{f(e['final_ci'][0])}, {f(e['final_ci'][1])}]"]
+    if "delta_solo" in e:
+        parts.append(f"Δsolo {f(e['delta_solo'], '+.3f')} [{f(e['delta_solo_ci'][0], '+.3f')}, "
+                     f"{f(e['delta_solo_ci'][1], '+.3f')}]")
+        parts.append(f"to-solo {f(e.get('rollouts_to_solo'), 'd')}")
+    if e.get("grad_var") is not None:
+        parts.append(f"grad-var {e['grad_var']:.2e} (rel {e['grad_rel_var']:.2f})")
+    shown = {"prp_log_rho_var": "var log ρ", "prp_truncated": "ρ>c", "sgt_rescued": "rescues",
+             "xgrpo_baseline_shift_abs": "|Δbaseline|", "hacpo_omega_mean": "ω", "hacpo_clipped": "clipped",
+             "thl_one_to_one": "THL 1:1"}
+    parts += [f"{label} {s[k]:.3g}" for k, label in shown.items() if s.get(k) is not None]
+    return "  ".join(parts)

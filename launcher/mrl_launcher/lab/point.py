@@ -1,0 +1,58 @@
+"""The testbed's axes (a sweep point) and its fixed settings; light to import (the CLI reads the defaults).
+
+    gap          competence gap: share of the C contexts where exactly one policy is strong (half each way);
+                 the rest half strong for both, half weak for both
+    overlap      support overlap: share of b's answer mass written in a's format (plain "37"); the rest signed
+                 ("+37"), which a's initial policy almost never writes (and b's initial policy writes plain
+                 answers only with this weight)
+    staleness    the peer experience a policy receives at step t was sampled by the peer's version t − k
+    tokenizers   a's / b's tokenizer ids: different (gpt2 / mistral-v1: THL retokenizes) or the same
+    group_size   G, own samples per context and step
+"""
+import os
+from dataclasses import dataclass, replace
+
+__all__ = ["Point", "Settings", "sweep_points", "default_workers"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point: the axes of the testbed."""
+    gap: float = 0.5                     # competence gap: share of contexts where exactly one policy is strong
+    overlap: float = 0.5                 # support overlap: share of b's answer mass in a's (plain) format
+    staleness: int = 0                   # peer experience from this many steps ago
+    tokenizers: str = "gpt2/mistral-v1"  # a's / b's tokenizer ("gpt2/gpt2": no mismatch)
+    group_size: int = 8                  # G
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything else (fixed across the sweep)."""
+    contexts: int = 8
+    prompts_per_step: int = 4
+    steps: int = 32
+    eval_every: int = 4
+    lr: float = 0.15
+    max_new_tokens: int = 5
+    micro_batch_tokens: int = 512
+    probes: int = 4                      # R batches per gradient probe
+    probe_at: tuple = (0.0, 0.5)         # probe steps, as fractions of `steps`
+    p_strong: float = 0.5
+    p_weak: float = 0.02
+    p_distract: float = 0.5
+    noise: float = 0.3
+
+
+def sweep_points(base: Point) -> list[Point]:
+    """The default point, then one axis at a time around it."""
+    variations = [("gap", (0.0, 1.0)), ("overlap", (0.0, 1.0)), ("staleness", (2, 4)),
+                  ("tokenizers", ("gpt2/gpt2",)), ("group_size", (4, 16))]
+    points = [base]
+    for name, values in variations:
+        points += [replace(base, **{name: v}) for v in values if v != getattr(base, name)]
+    return points
+
+
+def default_workers() -> int:
+    """Every core this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

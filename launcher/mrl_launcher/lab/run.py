@@ -1,0 +1,315 @@
+"""The experiment loop: two policies co-trained on the bandit under one sharing mode, per seed; seeds in parallel.
+
+One run (point, mode, seed), both policies in the same mode, T steps; step t as Trainer.step:
+
+    problems      = bandit.batch(t, P)                          the same P contexts for both policies
+    batch_k       = G samples per context from π_k (own tokens, behaviour log-probs), rewards by the verifier
+    published_k   = step_experiences(batch_k, version t)        staleness s > 0: a batch sampled on the same
+                                                                contexts by π_k's snapshot of version t − s
+                                                                (its behaviour log-probs, its policy_stats)
+    peers_k       = to_peer_batch(arrive(published_j), THL)     only for modes that take peers' experience
+    plan_k        = mode.plan(batch_k, peers_k, capability=P̂_k, verify=k's own verifier)
+    update        = mrl_trainer.update.update(...)              the trainer's own update, on the tiny policy
+
+Measured per policy:
+
+    success       greedy success on the C training contexts (the same contexts; a tabular policy has no
+                  held-out contexts), every `eval_every` steps and at the end; x-axis: own rollouts t·P·G
+    reward        the step's batch mean reward (sampled success)
+    grad_var      tr Cov[ĝ] = Σ_r ‖ĝ_r − ḡ‖² / (R − 1): ĝ_r = the update gradient (mrl_trainer.update.gradient: own and
+                  extra terms, before clipping) on R independent batches (own rollouts and peer experience
+                  drawn afresh) at FIXED parameters, at the probe steps; averaged over the probes
+    grad_rel_var  tr Cov[ĝ] / ‖ḡ‖² (noise-to-signal), averaged the same way
+    stats         every statistic the mode logs (plan.stats, summarize, the trainer's thl_*): the step sum
+                  over the run for the mode's `cumulative` ones (e.g. sgt_rescued), else the mean over steps
+    xgrpo shift   XGRPO only (the testbed's measure, not a mode stat): mean over prompts with peer stats of
+                  |mean(pool) − mean(own)|, how far the pooled scalar baseline moves (signed, the two policies'
+                  shifts cancel: with equal G, mean(pool) is halfway between the two group means)
+
+Competence (Profile): a share `gap` of the C contexts is complementary (half strong for a only, half
+for b only), the rest half strong for both, half weak for both; a writes answers plain, b plain with
+weight `overlap` and signed ("+37") otherwise, so `overlap` is how much of b's answer mass lies where
+a's policy puts its own (and the reverse).
+"""
+import collections
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mrl.errors import FailedPrecondition
+from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
+from mrl_launcher.lab.exchange import InProcessAlign, publish, receive
+from mrl_launcher.lab.point import Point, Settings
+from mrl_tokenizer_align.catalog import cached_paths
+from mrl_tokenizer_align.vocab import load_vocab
+from mrl_trainer.config import LossConfig
+from mrl_trainer.experience import StepBatch, capability
+from mrl_trainer.update import gradient, update
+from mrl_trainer.peers import Retokenizer
+from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Verifier, make_sharing, sharing_config
+
+__all__ = ["POLICIES", "profiles", "run_one", "run_points"]
+
+POLICIES = ("a", "b")
+
+
+def profiles(point: Point, settings: Settings, seed: int) -> tuple[Profile, Profile]:
+    """a's and b's competence and formats (module docstring); the same for every mode at a seed."""
+    C = settings.contexts
+    order = np.random.default_rng([seed, 3]).permutation(C)
+    n_comp = 2 * round(point.gap * C / 2)
+    half, both = n_comp // 2, (C - n_comp) // 2
+    a, b = np.zeros(C, dtype=bool), np.zeros(C, dtype=bool)
+    a[order[:half]] = True
+    b[order[half:n_comp]] = True
+    a[order[n_comp:n_comp + both]] = b[order[n_comp:n_comp + both]] = True
+    common = dict(p_strong=settings.p_strong, p_weak=settings.p_weak, p_distract=settings.p_distract)
+    return (Profile(tuple(a.tolist()), {"plain": 1.0}, **common),
+            Profile(tuple(b.tolist()), {"plain": point.overlap, "signed": 1.0 - point.overlap}, **common))
+
+
+# --- per-process caches ------------------------------------------------------------------------------------
+_VOCABS: dict = {}
+_ALIGN: list = []
+
+
+def _vocabs(tokenizers: str) -> dict:
+    paths = cached_paths()
+    for tid in tokenizers.split("/"):
+        if tid not in _VOCABS:
+            if tid not in paths:
+                raise FailedPrecondition(f"tokenizer {tid!r} is not in the tokenizer cache; cached: "
+                                         f"{', '.join(paths) or 'none'} (make tokenizers)")
+            _VOCABS[tid] = load_vocab(tid, paths[tid])
+    return _VOCABS
+
+
+def _aligner() -> InProcessAlign:
+    if not _ALIGN:
+        _ALIGN.append(InProcessAlign(_VOCABS))
+    return _ALIGN[0]
+
+
+# --- one run -----------------------------------------------------------------------------------------------
+@dataclass
+class _Policy:
+    name: str
+    tokenizer_id: str
+    model: TabularPolicy
+    optimizer: torch.optim.Optimizer
+    sharing: object
+    generator: np.random.Generator
+    batch_rewards: list = field(default_factory=list)
+    rollouts_total: int = 0
+    history: collections.deque = None     # (version, W, batch_rewards) of the last s + 1 versions
+    records: list = field(default_factory=list)
+    curve: list = field(default_factory=list)
+    probes: list = field(default_factory=list)
+
+
+def _rollout(model: TabularPolicy, problems, group_size: int, generator, step: int) -> StepBatch:
+    contexts = [p.meta["context"] for p in problems for _ in range(group_size)]
+    flat = model.generate(contexts, generator)
+    samples = [flat[i * group_size:(i + 1) * group_size] for i in range(len(problems))]
+    rewards = [[reward(p, s.text) for s in group] for p, group in zip(problems, samples)]
+    answers = [[extract(p, s.text) for s in group] for p, group in zip(problems, samples)]
+    return StepBatch(step=step, problems=problems, samples=samples, rewards=rewards, answers=answers)
+
+
+def _greedy_success(model: TabularPolicy, bandit: Bandit) -> float:
+    samples = model.generate(list(range(len(bandit))), None, greedy=True)
+    return sum(reward(p, s.text) for p, s in zip(bandit.problems, samples)) / len(bandit)
+
+
+class _Swapped:
+    """Sample from a snapshot of the parameters, then put the current ones back."""
+
+    def __init__(self, model: TabularPolicy, W: torch.Tensor):
+        self.model, self.W = model, W
+
+    def __enter__(self):
+        self.saved = self.model.W.data
+        self.model.W.data = self.W
+
+    def __exit__(self, *exc):
+        self.model.W.data = self.saved
+
+
+def _published(producer: _Policy, batch: StepBatch, problems, point: Point, t: int, generator, window: int,
+               fresh: bool = False) -> list:
+    """What the producer publishes for step t's prompts: its own batch (s = 0), or a batch sampled by its
+    version t − s (s > 0). `fresh`: a new batch even at s = 0 (gradient probes)."""
+    s = point.staleness
+    if s == 0 and not fresh:
+        return publish(batch, policy=producer.name, version=t, tokenizer_id=producer.tokenizer_id,
+                       batch_rewards=producer.batch_rewards, window=window, rollouts_total=producer.rollouts_total)
+    wanted = max(t - s, 0)
+    version, W, rewards = next(((v, W, r) for v, W, r in producer.history if v == wanted),
+                               (t, producer.model.W.data, producer.batch_rewards or [0.0]))
+    with _Swapped(producer.model, W):
+        old = _rollout(producer.model, problems, point.group_size, generator, t)
+    return publish(old, policy=producer.name, version=version, tokenizer_id=producer.tokenizer_id,
+                   batch_rewards=rewards, window=window, rollouts_total=producer.rollouts_total)
+
+
+def _plan(k: _Policy, batch: StepBatch, experiences: list, t: int, batch_rewards: list, window: int,
+          max_staleness: int):
+    """The receiver's PeerBatch (its own tokens, through THL) and its mode's plan, as Trainer.step."""
+    peers, peer_stats = PeerBatch(), {}
+    if k.sharing.kinds:
+        peers, peer_stats = receive(experiences, step=t, prompt_ids=[p.prompt_id for p in batch.problems],
+                                    kinds=k.sharing.kinds, max_staleness=max_staleness,
+                                    retokenize=Retokenizer(k.tokenizer_id, _aligner()))
+    plan = k.sharing.plan(batch, peers, capability=capability(batch_rewards, window),
+                          verify=Verifier(batch, reward))
+    return peers, peer_stats, plan
+
+
+def _baseline_shift(batch: StepBatch, peers: PeerBatch) -> dict:
+    shifts = [sum(g + peers.group_rewards[p]) / len(g + peers.group_rewards[p]) - sum(g) / len(g)
+              for p, g in enumerate(batch.rewards) if peers.group_rewards.get(p)]
+    if not shifts:
+        return {}
+    return {"xgrpo_baseline_shift_abs": sum(abs(x) for x in shifts) / len(shifts)}
+
+
+def _probe(pols: list, k: int, problems_of, point: Point, settings: Settings, loss: LossConfig, t: int, seed: int,
+           window: int, max_staleness: int) -> dict:
+    """tr Cov and ‖mean‖² of policy k's update gradient over R fresh batches at its current parameters."""
+    me, peer = pols[k], pols[1 - k]
+    gen = np.random.default_rng([seed, 23, t, k])
+    grads = []
+    for r in range(settings.probes):
+        problems = problems_of(t * 1_000 + 500 + r)
+        batch = _rollout(me.model, problems, point.group_size, gen, t)
+        rewards = me.batch_rewards + [sum(map(sum, batch.rewards)) / (len(problems) * point.group_size)]
+        experiences = _published(peer, batch, problems, point, t, gen, window, fresh=True) \
+            if me.sharing.kinds else []
+        _, _, plan = _plan(me, batch, experiences, t, rewards, window, max_staleness)
+        grads.append(gradient(me.model.completion_logprobs, list(me.model.parameters()), me.sharing, loss, batch,
+                              plan, max_tokens=settings.max_new_tokens))
+    G = torch.stack(grads)
+    mean = G.mean(0)
+    var = float(((G - mean) ** 2).sum() / max(len(grads) - 1, 1))
+    return {"grad_var": var, "grad_mean_sq": float((mean ** 2).sum())}
+
+
+def _summary(records: list[dict], cumulative: frozenset) -> dict:
+    """Per-step records → the run's statistics: sums for cumulative stats, means otherwise."""
+    values: dict[str, list[float]] = {}
+    for r in records:
+        for key, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                values.setdefault(key, []).append(float(v))
+    return {key: (sum(v) if key in cumulative else sum(v) / len(v)) for key, v in values.items()}
+
+
+def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
+    """One seed of one mode at one point: curves, rewards, statistics and gradient probes of both policies."""
+    cpu = time.process_time()
+    tokenizer_ids = point.tokenizers.split("/")
+    vocabs = _vocabs(point.tokenizers)
+    bandit = Bandit(settings.contexts, seed)
+    loss = LossConfig(lr=settings.lr, micro_batch_tokens=settings.micro_batch_tokens)
+    cfg = sharing_config(mode=mode, max_staleness=max(1, point.staleness))
+    window = cfg.hacpo.window
+    pols = []
+    for k, (name, tid, profile) in enumerate(zip(POLICIES, tokenizer_ids, profiles(point, settings, seed))):
+        model = TabularPolicy(vocabs[tid], bandit, profile, seed=seed * 2 + k, noise=settings.noise,
+                              max_new_tokens=settings.max_new_tokens)
+        pols.append(_Policy(name, tid, model, torch.optim.AdamW(model.parameters(), lr=loss.lr,
+                                                                weight_decay=loss.weight_decay),
+                            make_sharing(cfg, loss), np.random.default_rng([seed, 17, k]),
+                            history=collections.deque(maxlen=point.staleness + 1)))
+    peer_gen = np.random.default_rng([seed, 19])
+    probe_steps = sorted({min(int(f * settings.steps), settings.steps - 1) for f in settings.probe_at})
+    problems_of = lambda step: bandit.batch(step, settings.prompts_per_step)  # noqa: E731
+    P, G = settings.prompts_per_step, point.group_size
+    eval_steps = []
+    for t in range(settings.steps + 1):
+        if t % settings.eval_every == 0 or t == settings.steps:
+            eval_steps.append(t)
+            for k in pols:
+                k.curve.append(_greedy_success(k.model, bandit))
+        if t == settings.steps:
+            break
+        if settings.probes > 1 and t in probe_steps:
+            for i in range(2):
+                pols[i].probes.append(_probe(pols, i, problems_of, point, settings, loss, t, seed, window,
+                                             cfg.max_staleness))
+        problems = problems_of(t)
+        batches = [_rollout(k.model, problems, G, k.generator, t) for k in pols]
+        for k, batch in zip(pols, batches):
+            n = len(problems) * G
+            k.batch_rewards = (k.batch_rewards + [sum(map(sum, batch.rewards)) / n])[-window:]
+            k.rollouts_total += n
+            k.history.append((t, k.model.W.detach().clone(), list(k.batch_rewards)))
+        published = [_published(k, b, problems, point, t, peer_gen, window) if mode != "none" else []
+                     for k, b in zip(pols, batches)]
+        for i, k in enumerate(pols):
+            peers, peer_stats, plan = _plan(k, batches[i], published[1 - i], t, k.batch_rewards, window,
+                                            cfg.max_staleness)
+            stats = update(k.model.completion_logprobs, list(k.model.parameters()), k.optimizer, k.sharing, loss,
+                           batches[i], plan, max_tokens=settings.max_new_tokens)
+            record = {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
+            if mode == "xgrpo":
+                record.update(_baseline_shift(batches[i], peers))
+            k.records.append(record)
+    out = {"mode": mode, "seed": seed, "eval_steps": eval_steps, "cpu_s": time.process_time() - cpu,
+           "rollouts": [t * P * G for t in eval_steps], "policies": {}}
+    for k in pols:
+        probes = k.probes
+        out["policies"][k.name] = {
+            "tokenizer": k.tokenizer_id, "curve": k.curve, "reward": [r["reward_mean"] for r in k.records],
+            "stats": _summary(k.records, k.sharing.cumulative),
+            "grad_var": sum(p["grad_var"] for p in probes) / len(probes) if probes else None,
+            "grad_rel_var": (sum(p["grad_var"] / max(p["grad_mean_sq"], 1e-30) for p in probes) / len(probes)
+                             if probes else None)}
+    return out
+
+
+# --- many runs ---------------------------------------------------------------------------------------------
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+def _work(task):
+    index, point, settings, mode, seed = task
+    return index, run_one(point, settings, mode, seed)
+
+
+def run_points(points: list[Point], settings: Settings, modes: list[str], seeds: list[int], workers: int,
+               on_point=lambda index, runs: None) -> list[dict]:
+    """Every (point, mode, seed), `workers` processes; on_point(index, {mode: [runs by seed]}) as each point ends."""
+    unknown = [m for m in modes if m not in SHARING_MODES]
+    if unknown:
+        raise FailedPrecondition(f"unknown sharing mode(s) {unknown}; registered: {', '.join(SHARING_MODES)}")
+    for p in points:
+        _vocabs(p.tokenizers)     # fail early on a missing tokenizer
+    tasks = [(i, p, settings, m, s) for i, p in enumerate(points) for s in seeds for m in modes]
+    results: list[dict] = [{m: [] for m in modes} for _ in points]
+    left = [len(seeds) * len(modes)] * len(points)
+
+    def take(index: int, run: dict) -> None:
+        results[index][run["mode"]].append(run)
+        left[index] -= 1
+        if left[index] == 0:
+            for m in modes:
+                results[index][m].sort(key=lambda r: r["seed"])
+            on_point(index, results[index])
+
+    if workers <= 1:
+        _worker_init()
+        for task in tasks:
+            take(*_work(task))
+        return results
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["mrl_launcher.lab.run"])
+    with ctx.Pool(workers, initializer=_worker_init) as pool:
+        for index, run in pool.imap_unordered(_work, tasks, chunksize=1):
+            take(index, run)
+    return results
+

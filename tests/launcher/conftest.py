@@ -1,0 +1,1 @@
+"""Fixtures of the launcher tests: the shared ones (tests/conftest.py) are all they need."""

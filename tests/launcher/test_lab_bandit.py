@@ -1,0 +1,90 @@
+"""`mrl lab bandit --quick` in-process: the JSON line's shape, every registered sharing mode, 95% intervals that
+contain their means, and what holds by construction: with a peer (almost) always right where the receiver is
+(almost) never right (--gap 1 --p-strong 0.99 --p-weak 0), SGT rescues, every sharing mode logs its own
+statistics, and mode none logs no sharing statistic at all."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from mrl.cli import main
+from mrl_launcher.lab.point import Point, sweep_points
+from mrl_launcher.lab.stats import SHARING_KEYS
+from mrl_tokenizer_align import catalog
+from mrl_trainer.sharing import SHARING_MODES
+
+ARGS = ["lab", "bandit", "--quick", "--gap", "1", "--p-strong", "0.99", "--p-weak", "0"]
+
+
+@pytest.fixture(scope="module")
+def quick():
+    missing = {"gpt2", "mistral-v1"} - set(catalog.cached_paths())
+    assert not missing, f"tokenizers {sorted(missing)} are not in {catalog.cache_dir()}: run `make tokenizers`"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(ARGS)
+    lines = out.getvalue().strip().splitlines()
+    return json.loads(lines[-1]), lines
+
+
+def _inside(mean, ci):
+    lo, hi = ci
+    return lo is not None and hi is not None and lo - 1e-12 <= mean <= hi + 1e-12
+
+
+def test_quick_prints_one_line_per_mode_and_ends_with_one_json_line(quick):
+    result, lines = quick
+    assert set(result) >= {"points", "settings", "seeds", "seconds"}
+    assert len(result["points"]) == 1
+    point = result["points"][0]
+    assert point["point"] == {"gap": 1.0, "overlap": 0.5, "staleness": 0, "tokenizers": "gpt2/mistral-v1",
+                              "group_size": 8}
+    assert set(point["modes"]) == set(SHARING_MODES)          # every registered mode, nothing else
+    for mode in SHARING_MODES:
+        assert sum(line.strip().startswith(f"{mode} ") for line in lines) == 1, mode
+
+
+def test_every_mode_has_its_numbers_and_intervals_contain_their_means(quick):
+    result, _ = quick
+    for mode, e in result["points"][0]["modes"].items():
+        assert e["seeds"] == result["seeds"] == 3
+        assert 0.0 <= e["final_mean"] <= 1.0 and _inside(e["final_mean"], e["final_ci"]), mode
+        assert _inside(e["delta_solo"], e["delta_solo_ci"]), mode
+        assert _inside(e["grad_var"], e["grad_var_ci"]) and e["grad_var"] > 0, mode
+        assert _inside(e["grad_rel_var"], e["grad_rel_var_ci"]), mode
+        assert e["rollouts_to_solo"] is None or e["rollouts_to_solo"] in e["curve"]["rollouts"]
+        c = e["curve"]
+        assert len(c["rollouts"]) == len(c["mean"]) == len(c["lo"]) == len(c["hi"]) >= 2
+        assert all(_inside(m, (lo, hi)) for m, lo, hi in zip(c["mean"], c["lo"], c["hi"])), mode
+        for p in e["policies"].values():
+            assert _inside(p["final_mean"], p["final_ci"]), mode
+    none = result["points"][0]["modes"]["none"]
+    assert none["delta_solo"] == 0.0 and none["rollouts_to_solo"] is not None
+
+
+def test_sgt_rescues_where_the_peer_succeeds_and_the_receiver_fails(quick):
+    result, _ = quick
+    modes = result["points"][0]["modes"]
+    assert modes["sgt"]["stats"]["sgt_rescued"] > 0
+    assert modes["sgt"]["stats"]["sgt_rejected"] == 0          # the receiver's verifier agrees with the peer's
+
+
+def test_each_sharing_mode_logs_its_own_stats_and_none_logs_none(quick):
+    result, _ = quick
+    modes = result["points"][0]["modes"]
+    assert not SHARING_KEYS & set(modes["none"]["stats"])
+    for name, cls in SHARING_MODES.items():
+        if cls.kinds:
+            assert set(cls.stats) & set(modes[name]["stats"]), name
+    for name in ("prp", "sgt", "hacpo"):                       # retokenized by THL: different tokenizers
+        assert 0.0 <= modes[name]["stats"]["thl_one_to_one"] <= 1.0
+    assert modes["xgrpo"]["stats"]["xgrpo_pooled"] > 8             # own G plus the peer's group_stats
+    assert "thl_one_to_one" not in modes["xgrpo"]["stats"]         # baselines only: nothing to retokenize
+
+
+def test_the_sweep_moves_one_axis_at_a_time_around_the_default_point():
+    points = sweep_points(Point())
+    assert points[0] == Point() and len(set(points)) == len(points) == 10
+    for p in points[1:]:
+        assert sum(getattr(p, f) != getattr(Point(), f) for f in Point.__dataclass_fields__) == 1

@@ -1,0 +1,106 @@
+"""Smoke runs of the launcher's commands: up, demo, their Ctrl-C, children that die with them, spawn."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import yaml
+
+
+def test_up_runs_the_topology_and_stops_cleanly_on_ctrl_c(tmp_path):
+    config = tmp_path / "local.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "d"), "exchange": {"port": 0, "admin_port": 0},
+                                      "tokenizer_align": {"port": 0, "admin_port": 0},
+                                      "scheduler": {"port": 0, "admin_port": 0, "slots": 2}}))
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("mrl up: redis unix://"), first
+        assert "exchange         gRPC 127.0.0.1:" in proc.stdout.readline()
+        assert "tokenizer_align  gRPC 127.0.0.1:" in proc.stdout.readline()
+        assert "scheduler        gRPC 127.0.0.1:" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)     # a stop that hangs fails here, with what was printed
+        assert proc.returncode == 0, rest
+        assert "mrl up: stopped" in rest
+    finally:
+        proc.kill()
+    assert not (tmp_path / "d" / "redis" / "redis.sock").exists()  # Redis was shut down too
+
+
+def test_demo_delivers_every_peer_experience(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "mrl.cli", "demo", "--exchange", "--steps", "3", "--group-size", "4"],
+                         capture_output=True, text=True, timeout=120, env={"MRL_DATA_DIR": str(tmp_path),
+                                                                            "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "every peer experience received and acked: True" in out.stdout
+
+
+def test_children_die_with_a_killed_launcher(tmp_path):
+    """`mrl up` killed with SIGKILL (no cleanup runs) leaves no redis-server or exchange behind."""
+    import os
+    import time
+    config = tmp_path / "local.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "d"), "exchange": {"port": 0, "admin_port": 0},
+                                      "tokenizer_align": None, "scheduler": None}))
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    proc.stdout.readline()  # redis, then the exchange is ready
+    children = [d.name for d in pathlib.Path("/proc").iterdir() if d.name.isdigit() and _ppid(d) == proc.pid]
+    assert len(children) == 2  # redis-server and the exchange (the alignment service and scheduler are off)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
+                 "zombie" not in open(f"/proc/{pid}/status").read()]
+    assert not alive
+
+
+def _ppid(proc_dir: pathlib.Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_spawn_passes_list_and_mapping_settings_as_json():
+    import httpx
+    from mrl_serving.processes import spawn
+    from mrl_tokenizer_align.catalog import cache_dir, cached_paths
+    gpt2 = cached_paths()["gpt2"]
+    with spawn("tokenizer_align", tokenizer_roots=[str(cache_dir())], tokenizers={"only-gpt2": str(gpt2)}) as align:
+        listed = httpx.get(f"http://127.0.0.1:{align.ready['admin_port']}/v1/tokenizers").json()["tokenizers"]
+        assert [t["tokenizer_id"] for t in listed] == ["only-gpt2"]
+
+
+def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path):
+    """Ctrl-C in a terminal (SIGINT to the whole foreground process group): the trainer finishes the step
+    under way, checkpoints and exits 0, and only then do the services and Redis stop."""
+    from helpers import tiny_config
+    trainer = tiny_config(tmp_path, steps=10_000, exchange={"target": "set-by-mrl-up:1", "tokenizer_id": "gpt2"})
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(trainer))
+    config = tmp_path / "topology.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": "d", "exchange": {"port": 0, "admin_port": 0},
+                                      "tokenizer_align": None, "scheduler": {"port": 0, "admin_port": 0, "slots": 1},
+                                      "trainers": [{"config": "tiny.yaml"}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stderr:                     # the trainer's per-step log lines
+            if line.startswith("[tiny] step 2/10000"):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+    finally:
+        proc.kill()
+    assert "trainer tiny: exit code 0" in out and "mrl up: stopped" in out
+    summary = next(json.loads(line) for line in out.splitlines() if line.startswith('{"policy"'))
+    assert summary["stopped_early"] and summary["step"] >= 2
+    assert (tmp_path / "d" / "tiny" / "checkpoints" / "latest").is_file()
+    assert not (tmp_path / "d" / "redis" / "redis.sock").exists()

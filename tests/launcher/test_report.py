@@ -1,0 +1,186 @@
+"""mrl_launcher.report: the run report and the comparison of sharing modes, on hand-written metrics files."""
+import json
+
+import pytest
+
+from mrl_launcher.analysis import compare
+from mrl_launcher.errors import LauncherError
+from mrl_launcher.report import write_compare_report, write_report
+
+G = 16  # rollouts per step
+
+
+def _write(path, records):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _metrics(path, policy, sharing, evals, extra=lambda step: {}, steps=6, eval_every=2):
+    """A trainer's metrics.jsonl: an eval record at step 0 and every `eval_every` steps (accuracies from
+    `evals`, in order), a train record per step with `extra(step)` merged in."""
+    records = []
+    accuracies = iter(evals)
+    for step in range(steps + 1):
+        if step % eval_every == 0:
+            records.append({"step": step, "policy": policy, "kind": "eval", "eval_accuracy": next(accuracies),
+                            "rollouts_total": step * G})
+        if step < steps:
+            records.append({"step": step, "policy": policy, "reward_mean": 0.1 * step, "accuracy": 0.1 * step,
+                            "capability": 0.05 * step, "rollouts_total": (step + 1) * G, "loss": 0.01,
+                            "sharing": sharing, **extra(step)})
+    return _write(path, records)
+
+
+def _prp_sgt(step):
+    """PRP + SGT keys, some steps missing some keys (a peer batch late, say)."""
+    out = {"peer_wait_s": 0.2, "peer_samples": 8, "peers_complete": 1.0, "thl_one_to_one": 0.9,
+           "thl_lossless": 0.97, "prp_rho_mean": 1.02, "prp_log_rho_var": 0.05, "prp_truncated": 0.1,
+           "sgt_rescued": step % 3, "sgt_accepted": 2, "sgt_rejected": 1}
+    if step == 3:
+        for key in ("thl_one_to_one", "thl_lossless", "prp_rho_mean", "sgt_rejected"):
+            del out[key]
+        out["peers_complete"] = 0.5
+    return out
+
+
+@pytest.fixture
+def run(tmp_path):
+    """Two policies under PRP+SGT-ish keys, no HACPO/XGRPO keys; one name needs escaping."""
+    a = _metrics(tmp_path / "a" / "metrics.jsonl", "qwen-0.5b", "prp", [0.2, 0.3, 0.4, 0.5], _prp_sgt)
+    b = _metrics(tmp_path / "b" / "metrics.jsonl", "llama<3>&co", "prp", [0.1, 0.1, 0.25, 0.3], _prp_sgt)
+    return [a, b]
+
+
+def test_write_report_files_summary_and_escaping(run, tmp_path):
+    out = tmp_path / "report"
+    index = write_report(run, out, title="run <1>")
+    assert index == out / "index.html"
+    for name in ("curves.png", "thl.png", "ratios.png", "sgt.png", "exchange.png", "budget.png"):
+        assert (out / name).stat().st_size > 1000, name
+        assert f'src="{name}"' in index.read_text()
+    page = index.read_text()
+    assert "qwen-0.5b" in page
+    assert "llama&lt;3&gt;&amp;co" in page and "llama<3>" not in page
+    assert "run &lt;1&gt;" in page and "<h1>run <1>" not in page
+    assert "<script" not in page and "http" not in page and "<link" not in page    # self-contained
+    for column in ("SGT rescues (cum.)", "SGT rejections (cum.)", "mean THL 1:1 share", "peer samples used"):
+        assert f"<th>{column}</th>" in page
+    # qwen's row: prp, 6 steps, 96 rollouts, eval 0.2 -> 0.5, rescues 0+1+2+0+1+2, rejections 5 of 6 steps,
+    # mean 1:1 share 0.9 over the 5 steps that have it, 6 * 8 peer samples
+    row = "<tr><td>qwen-0.5b</td><td>prp</td><td>6</td><td>96</td><td>0.200</td><td>0.500</td>"
+    assert row + "<td>6</td><td>5</td><td>0.900</td><td>48</td></tr>" in page
+
+
+def test_absent_keys_omit_panels_and_columns(tmp_path):
+    plain = [_metrics(tmp_path / "a.jsonl", "p1", "none", [0.2, 0.3, 0.4, 0.4]),
+             _metrics(tmp_path / "b.jsonl", "p2", "none", [0.1, 0.2, 0.2], steps=4)]
+    out = tmp_path / "report"
+    (out).mkdir()
+    (out / "sgt.png").write_bytes(b"stale")   # from an earlier report into the same folder
+    page = write_report(plain, out).read_text()
+    assert {p.name for p in out.iterdir()} == {"index.html", "curves.png", "budget.png"}
+    for absent in ("thl.png", "ratios.png", "sgt.png", "exchange.png", "SGT", "THL", "peer samples used"):
+        assert absent not in page
+    assert "<td>p2</td><td>none</td><td>4</td><td>64</td><td>0.100</td><td>0.200</td></tr>" in page
+
+
+def test_only_present_keys_get_subplots(tmp_path):
+    """HACPO keys on one policy only: ratios.png is drawn, thl/sgt are not."""
+    hacpo = lambda step: {"hacpo_ratio_mean": 1.0 + 0.01 * step, "hacpo_clipped": 0.02}  # noqa: E731
+    paths = [_metrics(tmp_path / "a.jsonl", "p1", "hacpo", [0.2, 0.3, 0.4, 0.4], hacpo),
+             _metrics(tmp_path / "b.jsonl", "p2", "hacpo", [0.2, 0.2, 0.3, 0.5])]
+    out = tmp_path / "r"
+    page = write_report(paths, out).read_text()
+    assert (out / "ratios.png").is_file() and not (out / "thl.png").exists() and not (out / "sgt.png").exists()
+    assert 'src="ratios.png"' in page and "THL 1:1" not in page
+
+
+def _runs(tmp_path):
+    d = tmp_path
+    return {
+        # baseline finals: qwen 0.5 (first reached at step 6: 96 rollouts), llama 0.3 (step 4: 64 rollouts)
+        "none": [_metrics(d / "none_a.jsonl", "qwen", "none", [0.2, 0.3, 0.4, 0.5]),
+                 _metrics(d / "none_b.jsonl", "llama", "none", [0.1, 0.2, 0.3, 0.3])],
+        # prp: qwen reaches 0.5 at step 4 (64), llama reaches 0.3 at step 2 (32)
+        "prp": [_metrics(d / "prp_a.jsonl", "qwen", "prp", [0.2, 0.4, 0.5, 0.6]),
+                _metrics(d / "prp_b.jsonl", "llama", "prp", [0.1, 0.35, 0.2, 0.4])],
+        # sgt: qwen never reaches 0.5; llama runs 8 steps and reaches 0.3 at step 8 (128)
+        "sgt": [_metrics(d / "sgt_a.jsonl", "qwen", "sgt", [0.2, 0.3, 0.45, 0.45]),
+                _metrics(d / "sgt_b.jsonl", "llama", "sgt", [0.1, 0.1, 0.2, 0.25, 0.3], steps=8)],
+    }
+
+
+def test_compare_numbers(tmp_path):
+    result = compare(_runs(tmp_path))
+    assert result["baseline"] == "none"
+    qwen, llama = result["policies"]["qwen"], result["policies"]["llama"]
+    assert set(qwen) == set(llama) == {"none", "prp", "sgt"}
+    assert (qwen["none"]["final_eval_accuracy"], qwen["none"]["rollouts_total"],
+            qwen["none"]["rollouts_to_baseline"], qwen["none"]["ratio_to_baseline"]) == (0.5, 96, 96, 1.0)
+    assert (qwen["prp"]["final_eval_accuracy"], qwen["prp"]["rollouts_to_baseline"]) == (0.6, 64)
+    assert qwen["prp"]["ratio_to_baseline"] == pytest.approx(64 / 96)
+    assert (qwen["sgt"]["rollouts_to_baseline"], qwen["sgt"]["ratio_to_baseline"]) == (None, None)
+    assert qwen["sgt"]["final_eval_accuracy"] == 0.45
+    assert (llama["none"]["rollouts_to_baseline"], llama["none"]["target_accuracy"]) == (64, 0.3)
+    assert (llama["prp"]["rollouts_to_baseline"], llama["prp"]["ratio_to_baseline"]) == (32, 0.5)
+    assert (llama["sgt"]["rollouts_total"], llama["sgt"]["rollouts_to_baseline"]) == (128, 128)
+    assert llama["sgt"]["ratio_to_baseline"] == 2.0
+    assert json.loads(json.dumps(result)) == result                          # JSON-able as is
+
+
+def test_compare_other_baseline_and_missing_policy(tmp_path):
+    runs = _runs(tmp_path)
+    runs["xgrpo"] = [_metrics(tmp_path / "x.jsonl", "phi", "xgrpo", [0.1, 0.2, 0.3, 0.4])]
+    result = compare(runs, baseline="prp")
+    # against prp's finals (qwen 0.6 at 96, llama 0.4 at 96): none never gets there
+    assert result["policies"]["qwen"]["none"]["rollouts_to_baseline"] is None
+    assert result["policies"]["llama"]["prp"]["rollouts_to_baseline"] == 96
+    # phi is in no baseline run: no target, so nothing is "reached"
+    assert result["policies"]["phi"] == {"xgrpo": result["policies"]["phi"]["xgrpo"]}
+    assert result["policies"]["phi"]["xgrpo"]["target_accuracy"] is None
+    assert result["policies"]["phi"]["xgrpo"]["rollouts_to_baseline"] is None
+
+
+def test_write_compare_report(tmp_path):
+    runs = _runs(tmp_path)
+    runs["prp"][0] = _metrics(tmp_path / "prp_c.jsonl", "q<w>en", "prp", [0.2, 0.4, 0.5, 0.6])
+    runs["none"][0] = _metrics(tmp_path / "none_c.jsonl", "q<w>en", "none", [0.2, 0.3, 0.4, 0.5])
+    runs["sgt"][0] = _metrics(tmp_path / "sgt_c.jsonl", "q<w>en", "sgt", [0.2, 0.3, 0.45, 0.45])
+    out = tmp_path / "cmp"
+    page = write_compare_report(runs, out).read_text()
+    assert json.loads((out / "compare.json").read_text()) == compare(runs)
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert len(pngs) == 2 and all(f'src="{name}"' in page for name in pngs)
+    assert "q&lt;w&gt;en" in page and "q<w>en" not in page and "llama" in page
+    assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600</td><td>0.500</td>" \
+           "<td>64</td><td>0.667</td></tr>" in page
+    assert "<td>sgt</td><td>6</td><td>96</td><td>0.450</td><td>0.500</td><td>—</td><td>—</td></tr>" in page
+
+
+def test_errors(tmp_path):
+    good = _metrics(tmp_path / "good.jsonl", "p1", "none", [0.1, 0.2, 0.3], steps=4)
+    with pytest.raises(LauncherError, match="does not exist"):
+        write_report([tmp_path / "missing.jsonl"], tmp_path / "r")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(LauncherError, match="is empty"):
+        write_report([good, empty], tmp_path / "r")
+    no_eval = _write(tmp_path / "noeval.jsonl", [{"step": 0, "policy": "p2", "reward_mean": 0.1, "rollouts_total": 8}])
+    with pytest.raises(LauncherError, match="no eval records.*eval.every"):
+        write_report([no_eval], tmp_path / "r")
+    with pytest.raises(LauncherError, match="no eval records"):
+        compare({"none": [good], "prp": [no_eval]})
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not json\n")
+    with pytest.raises(LauncherError, match="not a trainer metrics file"):
+        write_report([garbage], tmp_path / "r")
+    with pytest.raises(LauncherError, match="policy 'p1' is in both"):
+        write_report([good, good], tmp_path / "r")
+    with pytest.raises(LauncherError, match="baseline mode 'none' is not among the runs"):
+        compare({"prp": [good]})
+    with pytest.raises(LauncherError, match="baseline mode 'sgt'"):
+        write_compare_report({"none": [good]}, tmp_path / "c", baseline="sgt")
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(LauncherError, match="no metrics files"):
+        write_report([], tmp_path / "r")

@@ -1,0 +1,1 @@
+"""Fixtures of the serving-plumbing tests: the shared ones (tests/conftest.py) are all they need."""

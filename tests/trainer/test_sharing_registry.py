@@ -1,0 +1,155 @@
+"""The sharing-mode registry (mrl_trainer.sharing.MODES): every registered mode describes itself (name, title,
+kinds, Config, stats) and appears everywhere modes are listed: the `sharing:` config union, the statistics'
+labels, the run report's figures, `mrl experiment compare`, and docs/algorithms.md. Each statistic a mode (or the
+trainer's coordination with peers) logs on a hand-made step is one it declares, and each it declares is logged."""
+import pathlib
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from pydantic import BaseModel, ValidationError
+
+from helpers import tiny_config
+from mrl.experience import KINDS
+from mrl_trainer.config import LossConfig, TrainerConfig
+from mrl_trainer.experience import StepBatch
+from mrl_trainer.peers import Arrived, Retokenizer, _Entry, to_peer_batch
+from mrl_trainer.rollout.base import Sample
+from mrl_trainer.sharing import (MODES, SHARING_MODES, STAT_SOURCES, Coordination, PeerBatch, PeerSample, Verifier,
+                                 sharing_config, stat_labels)
+from mrl_trainer.tasks import Problem
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NAMES = [m.name for m in MODES]
+modes = pytest.mark.parametrize("mode", MODES, ids=NAMES)
+
+
+# --- hand-made step: one prompt whose own group failed, one it half solved; peers sent every kind -------------
+def step_batch() -> StepBatch:
+    rewards = [[0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
+    problems = [Problem(prompt_id=f"toy:train:0:{p}", question=f"q{p}", answer=f"a{p}") for p in range(2)]
+    samples = [[Sample(prompt_ids=[1, 2], ids=[10, 11, 12], logprobs=[-1.0] * 3, text=f"y{p}.{i}", truncated=False)
+                for i in range(3)] for p in range(2)]
+    return StepBatch(step=0, problems=problems, samples=samples, rewards=rewards, answers=[[None] * 3] * 2)
+
+
+def peer_sample(p: int, text: str, reward: float, n_tokens: int = 3) -> PeerSample:
+    return PeerSample(producer="j", prompt_index=p, ids=list(range(20, 20 + n_tokens)), text=text, reward=reward,
+                      behaviour_mean_logp=-1.5)
+
+
+def peer_batch() -> PeerBatch:
+    """Right and wrong answers (one falsely claimed right), successes (one that fails re-verification)."""
+    return PeerBatch(
+        rollouts={0: [peer_sample(0, "a0", 1.0), peer_sample(0, "no", 1.0)], 1: [peer_sample(1, "no", 0.0, 2)]},
+        successes={0: [peer_sample(0, "a0", 1.0), peer_sample(0, "wrong", 1.0)]},
+        group_rewards={0: [1.0, 0.0, 0.0], 1: [0.0, 0.0, 0.0]},
+        capability={"j": 0.4})
+
+
+def emitted_stats(mode) -> set[str]:
+    """The statistic keys a mode's plan() and, over its extras, summarize() log on the hand-made step."""
+    batch = step_batch()
+    m = mode(sharing_config(mode=mode.name), LossConfig())
+    verify = Verifier(batch, lambda problem, text: float(text == problem.answer))
+    plan = m.plan(batch, peer_batch(), capability=0.6, verify=verify)
+    keys = set(plan.stats)
+    if plan.extras:
+        width = max(len(e.ids) for e in plan.extras)
+        logp = -torch.rand(len(plan.extras), width, generator=torch.Generator().manual_seed(0))
+        mask = torch.tensor([[1.0] * len(e.ids) + [0.0] * (width - len(e.ids)) for e in plan.extras])
+        _, per_sequence = m.extra_loss(logp, mask, plan.extras, update=0, max_tokens=width, totals=plan.extra_totals)
+        keys |= set(m.summarize(per_sequence))
+    return keys
+
+
+# --- each mode describes itself ------------------------------------------------------------------------------
+@modes
+def test_mode_declares_itself(mode):
+    for attribute in ("name", "title", "kinds", "Config", "stats"):
+        assert attribute in vars(mode), f"{mode.__name__} must declare {attribute} in its own class"
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", mode.name) and mode.title.lower().startswith(mode.name)
+    assert set(mode.kinds) <= set(KINDS)
+    assert issubclass(mode.Config, BaseModel) and mode.Config.model_config.get("extra") == "forbid"
+    mode.Config()                                                   # every knob has a default
+    assert all(isinstance(label, str) and label for label in mode.stats.values())
+    drawn = {key for keys in mode.figures.values() for key in keys}
+    assert drawn | mode.cumulative | set(mode.summary) <= set(mode.stats)
+
+
+def test_names_are_unique_and_none_is_the_baseline():
+    assert len(set(NAMES)) == len(NAMES) and list(SHARING_MODES) == NAMES and "none" in NAMES
+    assert SHARING_MODES["none"].kinds == ()
+
+
+@modes
+def test_logged_stats_are_the_declared_ones(mode):
+    assert emitted_stats(mode) == set(mode.stats)
+
+
+def test_coordination_stats_are_the_declared_ones():
+    """peers.to_peer_batch's statistics, with one rollout of a foreign tokenizer retokenized by a stand-in THL."""
+    rollout = SimpleNamespace(tokenizer_id="other", token_ids=[5, 6], logprobs=[-1.0, -1.0], response_text="a0",
+                              reward=1.0)
+    aligned = SimpleNamespace(target_ids=[7], lossless=True,
+                              residual=SimpleNamespace(one_to_one_share=1.0, mean_target_tokens_per_chunk=1.0))
+    thl = SimpleNamespace(align_batch=lambda jobs: [aligned for _ in jobs])
+    arrived = Arrived(entries={"p0": {"j": _Entry(version=0, group_rewards=[1.0], rollouts=[rollout])}},
+                      capability={}, waited_s=0.1, complete=1.0)
+    _, stats = to_peer_batch(arrived, ["p0"], Retokenizer("own", thl))
+    assert set(stats) == set(Coordination.stats)
+
+
+# --- everywhere modes are listed ----------------------------------------------------------------------------
+@modes
+def test_config_union_accepts_the_mode(mode):
+    config = sharing_config(mode=mode.name)
+    assert config.mode == mode.name
+    sections = {m.name for m in MODES if m.Config.model_fields}
+    assert sections <= set(type(config).model_fields)              # every mode's knobs, whatever the mode
+    # a trainer config carrying every section validates under this mode (`--set sharing.mode=...`)
+    every = sharing_config(mode=mode.name, **{name: {} for name in sections})
+    assert every.mode == mode.name
+
+
+def test_config_union_refuses_an_unknown_mode_and_defaults_to_none(tmp_path):
+    with pytest.raises(ValidationError) as error:
+        sharing_config(mode="grpo")
+    assert ", ".join(NAMES) in str(error.value)
+    assert sharing_config().mode == sharing_config(peers=["b"]).mode == "none"
+    assert TrainerConfig.model_validate(tiny_config(tmp_path)).sharing.mode == "none"     # no `sharing:` section
+
+
+def test_stat_labels_cover_every_source_with_one_label_per_key():
+    labels = stat_labels()
+    for source in STAT_SOURCES:
+        for key, label in source.stats.items():
+            assert labels[key] == label, f"{key} is labelled differently by two sources"
+
+
+def test_report_draws_every_declared_figure():
+    from mrl_launcher.report import PANELS
+    for source in STAT_SOURCES:
+        assert set(source.figures) <= set(PANELS), f"{source.__name__} names a figure the report does not draw"
+
+
+def test_compare_lists_every_mode(capsys, tmp_path):
+    from mrl.cli import build_parser
+    from mrl_launcher.errors import LauncherError
+    from mrl_launcher.experiment import run_compare
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["experiment", "compare", "--help"])
+    assert ", ".join(NAMES) in " ".join(capsys.readouterr().out.split())
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("trainers: []\n")
+    with pytest.raises(LauncherError, match=re.escape(str(NAMES))):
+        run_compare(topology, ["none", "bogus"], None, tmp_path / "out")
+
+
+def test_docs_describe_every_mode():
+    page = ROOT / "docs" / "algorithms.md"
+    assert page.is_file(), "docs/algorithms.md describes the sharing modes"
+    text = page.read_text(encoding="utf-8").lower()
+    missing = [name for name in NAMES if name not in text]
+    assert not missing, f"docs/algorithms.md does not mention {missing}"
