@@ -275,6 +275,27 @@ def test_ended_subscriptions_leave_no_consumers_behind(start_exchange, run_id):
             subscription._SWEEP_S = old
 
 
+def test_an_ack_after_the_subscription_ended_removes_its_consumer(start_exchange, run_id):
+    """A subscription that ends holding a delivery keeps its consumer (its work is pending); the late Ack
+    that settles that work removes the consumer, since no sweep of that group may ever run again."""
+    import redis
+    ex = start_exchange(visibility_timeout_s=30)
+    with ExchangeClient(ex.target) as see:
+        see.publish([rollout(run_id)])
+        c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_in_flight=1))
+        held = c.take(1)
+        subscription_id = c.subscription.subscription_id
+        c.close()
+        key = f"mrl:{{{run_id}}}:x:rollout:policy-a"
+        r = redis.Redis.from_url(ex.settings.redis_url)
+        deadline = time.monotonic() + 10   # the server sees the stream end
+        while ex.server.exchange.sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [c["pending"] for c in r.xinfo_consumers(key, "policy-b")] == [1]
+        assert see.ack(run_id, "policy-b", [d.delivery_id for d in held], subscription_id) == 1
+        assert r.xinfo_consumers(key, "policy-b") == []
+
+
 def _rollouts_of(run_id, n, text_bytes):
     out = []
     for _ in range(n):

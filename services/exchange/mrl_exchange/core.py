@@ -231,6 +231,14 @@ class Exchange:
         for session in self.sessions.values():
             if (session.run_id, session.subscriber) == (run_id, subscriber):
                 session.release(delivery_ids)  # frees only what it holds: acked entries are done for the policy
+        if subscription_id and subscription_id not in self.sessions:
+            # a late Ack of an ended subscription: its consumer was kept while it held this work; drop it once
+            # it holds nothing (the sweep that would otherwise remove it runs only while the policy subscribes)
+            try:
+                for key in by_stream:
+                    await self.delete_consumer_if_idle(key, subscriber, subscription_id)
+            except (RedisError, OSError):
+                pass  # the acks stand; the consumer only lingers (empty) until a sweep
         self.metrics.acked.inc(acked)
         return acked
 

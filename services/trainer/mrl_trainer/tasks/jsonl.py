@@ -18,7 +18,8 @@ Verification (math_verify 0.9):
              (has \\, ^ or {), else parse(region) ("18 dollars" → 18), else, if that finds
              nothing, parse("$region$") ("(1,2)"); without a region: parse(response), math-verify
              finding the answer itself (\\boxed, "final answer is", the last number).
-             Either text is cut to its last MAX_TEXT_CHARS characters.
+             Either text is cut to its last MAX_TEXT_CHARS characters; a text whose brackets nest
+             deeper than MAX_NESTING is no answer (the parsers' time grows steeply with depth).
     reward = verify(gold, pred)
 math-verify bounds its work with signal.alarm, which works on the main thread only: there each
 call gets TIMEOUT_S; on other threads timeouts are off (parsing_timeout=None, timeout_seconds=None).
@@ -44,6 +45,7 @@ __all__ = ["JsonlTask"]
 TIMEOUT_S = 5           # per math-verify parse / comparison, main thread only
 MAX_TEXT_CHARS = 200    # the most of a response math-verify reads (its latex parser is superlinear)
 MAX_ARGUMENT = 1000     # largest numeric exponent / factorial argument in a prediction
+MAX_NESTING = 16        # deepest bracket nesting a prediction may have ("(" * 200 took 1.3 s to parse)
 _LATEX_MARKS = ("\\", "^", "{")
 
 
@@ -131,14 +133,31 @@ def _tame(expr) -> bool:
     return True
 
 
+def _nesting(text: str) -> int:
+    """The deepest nesting of (, [ and { in text (closing brackets need not match)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _parse(text: str) -> list:
+    """math-verify's parse of text; nothing if it nests too deep."""
+    return [] if _nesting(text) > MAX_NESTING else parse(text, parsing_timeout=_timeout())
+
+
 def _prediction(response: str) -> list:
     region = answer_region(response)
     if region is None:
-        pred = parse(response[-MAX_TEXT_CHARS:], parsing_timeout=_timeout())
+        pred = _parse(response[-MAX_TEXT_CHARS:])
     else:
         region = region[-MAX_TEXT_CHARS:]
-        pred = [] if any(mark in region for mark in _LATEX_MARKS) else parse(region, parsing_timeout=_timeout())
-        pred = pred or parse(f"${region}$", parsing_timeout=_timeout())
+        pred = [] if any(mark in region for mark in _LATEX_MARKS) else _parse(region)
+        pred = pred or _parse(f"${region}$")
     return pred if all(_tame(p) for p in pred) else []
 
 
