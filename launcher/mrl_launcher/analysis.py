@@ -1,32 +1,43 @@
-"""Loading trainers' runs and comparing sharing modes: pure functions, JSON out (no figures, no HTML).
+"""Loading trainers' runs and comparing sharing modes over seeds: pure functions, JSON out (no figures, no HTML).
 
 A run is one metrics.jsonl per policy (what `mrl trainer run` writes: one JSON record per step,
-`kind` "train" or "eval"). `load_run(paths)` checks and indexes it by policy.
+`kind` "train" or "eval"; an eval record carries eval_accuracy and, per held-out problem, eval_prompt_ids
+and eval_correct). `load_run(paths)` checks and indexes it by policy.
 
-`compare(runs, baseline="none")` compares sharing modes: `runs` maps a mode to its run's metrics
-files (one per policy; the policy is named in the records). For each policy and mode it gives
+`compare(seeds, baseline="none")` compares sharing modes: `seeds` maps a seed label to {mode: the run's
+metrics files}. The design is paired: every mode of a seed starts from the same initial policies and
+prompts, and every run scores the same eval problems. For each policy and mode, with X[s, q] the outcome
+of seed s on eval problem q at an eval point (0/1; or, when some record lacks per-problem outcomes, the
+accuracy of seed s as the only "problem"), and intervals from intervals.crossed_bootstrap (seeds and
+problems both resampled; 95%, percentile):
 
-    final_eval_accuracy   the last eval record's held-out greedy accuracy
-    rollouts_total        the most rollouts the policy consumed
-    rollouts_to_baseline  the rollouts_total of the mode's first eval record (in step order)
-                          whose eval_accuracy >= the baseline mode's final eval accuracy for that
-                          policy (within 1e-9); None if no eval record of the mode reaches it.
-    ratio_to_baseline     rollouts_to_baseline / the baseline's own rollouts_to_baseline;
-                          below 1 means the mode needed fewer rollouts. None when either is None
-
-A policy absent from the baseline run has no target (all rollouts_to_baseline None).
+    final_accuracy, final_ci    mean of X at the last eval point, and its interval
+    finals                      each seed's final accuracy
+    delta_baseline, _ci         mean of X_mode − X_baseline at the last eval point (same seed, same problem),
+                                and its interval: the paired difference to solo when the baseline is "none"
+    curve                       per eval point: rollouts consumed (mean over seeds), mean, lo, hi
+    target_accuracy             the baseline's final_accuracy
+    rollouts_to_baseline        the rollouts of the mode's first curve point whose mean >= target (within
+                                1e-9); None if it never gets there
+    ratio_to_baseline           rollouts_to_baseline / the baseline's own; below 1: fewer rollouts needed
+and, per policy, `interval`: "seeds × eval problems", or "seeds" where per-problem outcomes are missing.
 
 Errors (LauncherError, with what to do): a missing, empty or unreadable metrics file, a file with
-no eval records, one policy in two files of a run, and a baseline mode absent from runs.
+no eval records, one policy in two files of a run, a baseline mode absent from runs, seeds that ran other
+modes, and runs that scored different eval problems (not paired).
 """
 import dataclasses
 import math
 import pathlib
 
+import numpy as np
+
 from mrl_launcher.errors import LauncherError
+from mrl_launcher.intervals import crossed_bootstrap
 from mrl_trainer.metrics import read_metrics
 
-__all__ = ["PolicyRun", "load_policy_run", "load_run", "load_runs", "compare", "compare_loaded", "TOLERANCE"]
+__all__ = ["PolicyRun", "load_policy_run", "load_run", "load_runs", "load_seeds", "compare", "compare_loaded",
+           "TOLERANCE"]
 
 Path = pathlib.Path
 TOLERANCE = 1e-9
@@ -100,39 +111,85 @@ def load_run(paths: list[str | Path], what: str) -> dict[str, PolicyRun]:
     return runs
 
 
-def _rollouts_to(run: PolicyRun, target: float | None) -> int | None:
+def _outcomes(run: PolicyRun, per_problem: bool) -> list[tuple[list[str], list[float]]]:
+    """Per eval record: (problem ids, outcomes) — each problem's 0/1, or the accuracy as one outcome."""
+    if per_problem:
+        return [(list(r["eval_prompt_ids"]), [float(c) for c in r["eval_correct"]]) for r in run.evals]
+    return [([], [float(r["eval_accuracy"])]) for r in run.evals]
+
+
+def _has_outcomes(run: PolicyRun) -> bool:
+    return all(isinstance(r.get("eval_correct"), list) and isinstance(r.get("eval_prompt_ids"), list)
+               and len(r["eval_correct"]) == len(r["eval_prompt_ids"]) > 0 for r in run.evals)
+
+
+def _matrices(by_seed: list[PolicyRun], per_problem: bool, ids: list[str] | None) -> list[np.ndarray]:
+    """One seeds × problems matrix per eval point that every seed reached; every point must have scored the
+    problems `ids` (default: the first seed's first), in that order, or the runs are not paired."""
+    outcomes = [_outcomes(run, per_problem) for run in by_seed]
+    ids = outcomes[0][0][0] if ids is None else ids
+    for run, o in zip(by_seed, outcomes):
+        for k, (scored, _) in enumerate(o):
+            if scored != ids:
+                raise LauncherError(f"{run.path}: eval {k} of policy {run.policy!r} scored other problems than "
+                                    f"{by_seed[0].path}: a paired comparison needs the same eval problems (the same "
+                                    "task, task.seed and eval.problems) in every run")
+    points = min(len(o) for o in outcomes)
+    return [np.array([o[k][1] for o in outcomes]) for k in range(points)]
+
+
+def _entry(by_seed: list[PolicyRun], mats: list[np.ndarray], base_final: np.ndarray | None) -> dict:
+    rollouts = [round(sum(r.evals[k].get("rollouts_total") or 0 for r in by_seed) / len(by_seed))
+                for k in range(len(mats))]
+    band = [crossed_bootstrap(m) for m in mats]
+    mean, lo, hi = band[-1]
+    entry = {"sharing": by_seed[0].sharing, "steps": len(by_seed[0].train),
+             "rollouts_total": max(r.rollouts_total or 0 for r in by_seed),
+             "eval_problems": mats[-1].shape[1], "final_accuracy": mean, "final_ci": [lo, hi],
+             "finals": [float(row.mean()) for row in mats[-1]],
+             "curve": {"rollouts": rollouts, "mean": [b[0] for b in band], "lo": [b[1] for b in band],
+                       "hi": [b[2] for b in band]}}
+    if base_final is not None:     # paired: the same seeds (rows) and problems (columns), _matrices checked
+        d, dlo, dhi = crossed_bootstrap(mats[-1] - base_final)
+        entry.update(delta_baseline=d, delta_baseline_ci=[dlo, dhi])
+    return entry
+
+
+def _rollouts_to(curve: dict, target: float | None) -> int | None:
     if target is None:
         return None
-    for r in run.evals:
-        if r["eval_accuracy"] >= target - TOLERANCE:
-            return r.get("rollouts_total")
-    return None
+    return next((x for x, y in zip(curve["rollouts"], curve["mean"]) if y >= target - TOLERANCE), None)
 
 
-def compare_loaded(loaded: dict[str, dict[str, PolicyRun]], baseline: str) -> dict:
-    policies = list(dict.fromkeys(p for mode in [baseline, *loaded] for p in loaded[mode]))
-    out: dict = {"baseline": baseline, "policies": {}}
+def compare_loaded(loaded: dict[str, dict[str, dict[str, PolicyRun]]], baseline: str) -> dict:
+    """`loaded`: {seed label: {mode: {policy: PolicyRun}}}, every seed with the same modes."""
+    seeds = list(loaded)
+    modes = list(loaded[seeds[0]])
+    for label in seeds:
+        if list(loaded[label]) != modes:
+            raise LauncherError(f"seed {label!r} ran modes {list(loaded[label])}, seed {seeds[0]!r} {modes}: "
+                                "every seed must run the same modes")
+    policies = list(dict.fromkeys(p for mode in [baseline, *modes] for p in loaded[seeds[0]][mode]))
+    out: dict = {"baseline": baseline, "seeds": seeds, "interval": {}, "policies": {}}
     for policy in policies:
-        base = loaded[baseline].get(policy)
-        target = float(base.evals[-1]["eval_accuracy"]) if base else None
-        base_to = _rollouts_to(base, target) if base else None
-        entry = {}
-        for mode, runs in loaded.items():
-            run = runs.get(policy)
-            if run is None:
-                continue
-            to = _rollouts_to(run, target)
-            entry[mode] = {
-                "sharing": run.sharing,
-                "steps": len(run.train),
-                "first_eval_accuracy": float(run.evals[0]["eval_accuracy"]),
-                "final_eval_accuracy": float(run.evals[-1]["eval_accuracy"]),
-                "rollouts_total": run.rollouts_total,
-                "target_accuracy": target,
-                "rollouts_to_baseline": to,
-                "ratio_to_baseline": to / base_to if to is not None and base_to else None,
-            }
-        out["policies"][policy] = entry
+        runs = {mode: [loaded[label][mode].get(policy) for label in seeds] for mode in modes}
+        runs = {mode: by_seed for mode, by_seed in runs.items() if all(by_seed)}
+        if not runs:     # in no mode in every seed
+            continue
+        per_problem = all(_has_outcomes(run) for by_seed in runs.values() for run in by_seed)
+        first = runs.get(baseline, next(iter(runs.values())))[0]
+        ids = _outcomes(first, per_problem)[0][0]
+        mats = {mode: _matrices(by_seed, per_problem, ids) for mode, by_seed in runs.items()}
+        base_final = mats[baseline][-1] if baseline in mats else None
+        entries = {mode: _entry(runs[mode], mats[mode], base_final) for mode in runs}
+        target = entries[baseline]["final_accuracy"] if baseline in entries else None
+        base_to = _rollouts_to(entries[baseline]["curve"], target) if baseline in entries else None
+        for entry in entries.values():
+            to = _rollouts_to(entry["curve"], target)
+            entry.update(target_accuracy=target, rollouts_to_baseline=to,
+                         ratio_to_baseline=to / base_to if to is not None and base_to else None)
+        out["interval"][policy] = "seeds × eval problems" if per_problem else "seeds"
+        out["policies"][policy] = entries
     return out
 
 
@@ -144,7 +201,14 @@ def load_runs(runs: dict[str, list[str | Path]], baseline: str) -> dict[str, dic
     return {mode: load_run(list(paths), f"mode {mode!r}") for mode, paths in runs.items()}
 
 
-def compare(runs: dict[str, list[str | Path]], baseline: str = "none") -> dict:
-    """Per policy and sharing mode: final eval accuracy, rollouts consumed, rollouts to the baseline's
-    final accuracy and its ratio to the baseline's own (see the module docstring). JSON-able."""
-    return compare_loaded(load_runs(runs, baseline), baseline)
+def load_seeds(seeds: dict[str, dict[str, list[str | Path]]], baseline: str) -> dict:
+    if not seeds:
+        raise LauncherError("no runs to compare: pass {seed: {mode: [metrics.jsonl, ...]}}")
+    return {label: load_runs(runs, baseline) for label, runs in seeds.items()}
+
+
+def compare(seeds: dict[str, dict[str, list[str | Path]]], baseline: str = "none") -> dict:
+    """Per policy and sharing mode, over seeds: final held-out accuracy and its paired difference to the
+    baseline with 95% intervals, curves with bands, rollouts to the baseline's final accuracy (see the module
+    docstring). `seeds` maps a seed label to {mode: metrics files, one per policy}. JSON-able."""
+    return compare_loaded(load_seeds(seeds, baseline), baseline)

@@ -45,6 +45,7 @@ def compare(parser):
                                                 "none (default: all)")
     modes.registered = _RegisteredModes()     # argparse expands %(registered)s from the action's attributes
     parser.add_argument("--seeds", help="comma-separated seeds for every trainer (default: each config's own)")
+    parser.add_argument("--parallel", type=int, help="runs at once (default: cores // trainers, at least 1)")
     parser.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
     add_overrides(parser, "a field of every trainer")
 
@@ -56,8 +57,8 @@ def compare(parser):
         from mrl_trainer.sharing import SHARING_MODES
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
         seeds = args.seeds and [int(s) for s in args.seeds.split(",")]
-        print(json.dumps(run_compare(args.config, modes, seeds, args.out, parse_overrides(args.overrides))),
-              flush=True)
+        print(json.dumps(run_compare(args.config, modes, seeds, args.out, parse_overrides(args.overrides),
+                                     args.parallel)), flush=True)
     return run
 
 

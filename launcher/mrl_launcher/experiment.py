@@ -1,66 +1,106 @@
-"""`mrl experiment compare TOPOLOGY`: the same pair of policies under each sharing mode, compared.
+"""`mrl experiment compare TOPOLOGY`: the same pair of policies under each sharing mode, over seeds, compared.
 
 For each seed s and each registered sharing mode m (mrl_trainer.sharing.MODES, or --modes), the
 topology's trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides; without --seeds,
-each trainer keeps its config's own seed, labelled "config") in a fresh run
-(`run_id = <run_id>-<m>-<label>`, data under OUT/<label>/<m>/), one mode after the other, on the
-same services' code, prompts and budget (OUT must be empty: trainers would resume from an earlier
-comparison's checkpoints). Then, per seed, `report.write_compare_report` writes
-OUT/<label>/index.html and compare.json: each policy's held-out accuracy against rollouts
-consumed per mode, and how many rollouts each mode needed to reach solo GRPO's ("none") final
-accuracy. The last line printed is one JSON object with those figures.
+each trainer keeps its config's own seed, labelled "config") in a fresh run (`run_id = <run_id>-<m>-<label>`,
+data under OUT/<label>/<m>/) on its own Redis and services. Runs are paired: the modes of a seed start from
+the same initial policies and prompts, and every run scores the same held-out problems (the task's own seed
+fixes them). OUT must be empty: trainers would resume from an earlier comparison's checkpoints.
+
+`parallel` runs go at once (default: as many as the cores allow, one core per trainer, at least one); each
+run's trainers share cores // parallel compute threads. A failed run stops the others and the comparison.
+
+Then `report.write_compare_report` writes OUT/index.html and OUT/compare.json (analysis.compare): per policy
+and mode, final held-out accuracy and its paired difference to solo GRPO ("none") with 95% bootstrap
+intervals over seeds and eval problems, curves with bands, and the rollouts each mode needed to reach solo's
+final accuracy. The last line printed is that JSON object.
 """
+import concurrent.futures
+import os
 import pathlib
 import threading
 
 import yaml
 
-from mrl_launcher.topology import run_topology, stop_on_signals
 from mrl_launcher.errors import LauncherError, RunFailed
-from mrl_launcher.analysis import compare
 from mrl_launcher.report import write_compare_report
+from mrl_launcher.analysis import compare
+from mrl_launcher.topology import run_topology, stop_on_signals
 from mrl_trainer.sharing import SHARING_MODES
 
-__all__ = ["run_compare"]
+__all__ = ["run_compare", "default_parallel"]
+
+
+def default_parallel(trainers: int, jobs: int) -> int:
+    """As many runs at once as there are cores for one thread per trainer; at least one, at most `jobs`."""
+    return max(1, min(jobs, (os.cpu_count() or 1) // max(trainers, 1)))
 
 
 def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int] | None, out: str | pathlib.Path,
-                overrides: dict | None = None) -> dict:
+                overrides: dict | None = None, parallel: int | None = None) -> dict:
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist")
     unknown = [m for m in modes if m not in SHARING_MODES]
     if unknown or "none" not in modes:
         raise LauncherError(f"modes {modes} must include 'none' (the baseline) and be among {list(SHARING_MODES)}")
+    if parallel is not None and parallel < 1:
+        raise LauncherError(f"--parallel {parallel}: run at least one run at a time")
     config = yaml.safe_load(path.read_text()) or {}
     if not config.get("trainers"):
         raise LauncherError(f"{path}: a comparison needs `trainers:` (the pair of policies)")
     out = pathlib.Path(out).resolve()
     if out.exists() and any(out.iterdir()):   # its trainers would resume from the old checkpoints
         raise LauncherError(f"{out} is not empty: a comparison starts from scratch; remove it or pass another --out")
+    jobs = [(seed, mode) for seed in seeds or [None] for mode in modes]
+    parallel = parallel or default_parallel(len(config["trainers"]), len(jobs))
     with stop_on_signals() as stop:
-        return _run_modes(config, path, modes, seeds, out, overrides, stop)
+        runs = _run_all(config, path, jobs, out, overrides, stop, parallel)
+    index = write_compare_report(runs, out)
+    print(f"mrl experiment: report {index}", flush=True)
+    return compare(runs)
 
 
-def _run_modes(config: dict, path: pathlib.Path, modes: list[str], seeds: list[int] | None, out: pathlib.Path,
-               overrides: dict | None, stop: threading.Event) -> dict:
-    figures = {}
-    for seed in seeds or [None]:
-        label = "config" if seed is None else f"s{seed}"
-        runs = {}
-        for mode in modes:
-            run = {**config, "data_dir": str(out / label / mode), "run_id": f"{config.get('run_id', 'compare')}-{mode}-{label}"}
-            run.pop("report", None)
-            print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
-            extra = {"sharing.mode": mode, **({} if seed is None else {"seed": seed})}
-            results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra})
-            if stop.is_set():        # its trainers stopped early (and exited 0): not a complete run
-                raise RunFailed(f"stopped during mode {mode}; runs so far are under {out / label}")
-            failed = {p: r["exit_code"] for p, r in results.items() if r["exit_code"] != 0}
-            if failed:
-                raise RunFailed(f"mode {mode}, seed {label}: trainers failed with exit codes {failed}")
-            runs[mode] = [r["metrics"] for r in results.values()]
-        index = write_compare_report(runs, out / label)
-        print(f"mrl experiment: report {index}", flush=True)
-        figures[label] = compare(runs)
-    return figures
+def _label(seed: int | None) -> str:
+    return "config" if seed is None else f"s{seed}"
+
+
+def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out: pathlib.Path,
+             overrides: dict | None, stop: threading.Event, cpus: int) -> list[str]:
+    label = _label(seed)
+    if stop.is_set():        # another run failed, or Ctrl-C: do not start
+        raise RunFailed(f"stopped before mode {mode}, seed {label}; runs so far are under {out}")
+    run = {**config, "data_dir": str(out / label / mode), "run_id": f"{config.get('run_id', 'compare')}-{mode}-{label}"}
+    run.pop("report", None)
+    print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
+    extra = {"sharing.mode": mode, **({} if seed is None else {"seed": seed})}
+    results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra}, cpus=cpus)
+    if stop.is_set():        # its trainers stopped early (and exited 0): not a complete run
+        raise RunFailed(f"stopped during mode {mode}, seed {label}; runs so far are under {out}")
+    failed = {p: r["exit_code"] for p, r in results.items() if r["exit_code"] != 0}
+    if failed:
+        raise RunFailed(f"mode {mode}, seed {label}: trainers failed with exit codes {failed}")
+    return [r["metrics"] for r in results.values()]
+
+
+def _run_all(config: dict, path: pathlib.Path, jobs: list, out: pathlib.Path, overrides: dict | None,
+             stop: threading.Event, parallel: int) -> dict[str, dict[str, list[str]]]:
+    """{seed label: {mode: metrics files}}; the first failure stops the runs still going and is raised."""
+    cpus = max(1, (os.cpu_count() or 1) // parallel)
+    runs: dict = {_label(seed): {} for seed, _ in jobs}
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        futures = {pool.submit(_run_one, config, path, seed, mode, out, overrides, stop, cpus): (seed, mode)
+                   for seed, mode in jobs}
+        error = None
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                seed, mode = futures[future]
+                runs[_label(seed)][mode] = future.result()
+            except Exception as exc:    # noqa: BLE001 - re-raised below, after the others have stopped
+                if error is None:
+                    error = exc
+                    stop.set()
+    if error is not None:
+        raise error
+    modes = list(dict.fromkeys(mode for _, mode in jobs))
+    return {label: {mode: by_mode[mode] for mode in modes} for label, by_mode in runs.items()}

@@ -100,14 +100,15 @@ def budget(runs: list[PolicyRun], out: Path) -> Path:
     return out
 
 
-def compare_plot(policy: str, loaded: dict[str, dict[str, PolicyRun]], entry: dict, out: Path) -> Path:
+def compare_plot(policy: str, entry: dict, out: Path) -> Path:
+    """One policy: per mode its mean accuracy curve (analysis.compare's `curve`) with the 95% band."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     target = None
     for mode, stats in entry.items():
-        run = loaded[mode][policy]
-        line, = ax.plot([r.get("rollouts_total") for r in run.evals], [r["eval_accuracy"] for r in run.evals],
-                        marker="o", markersize=3, label=_label(mode))
+        curve = stats["curve"]
+        line, = ax.plot(curve["rollouts"], curve["mean"], marker="o", markersize=3, label=_label(mode))
+        ax.fill_between(curve["rollouts"], curve["lo"], curve["hi"], color=line.get_color(), alpha=0.15)
         target = stats["target_accuracy"]
         if stats["rollouts_to_baseline"] is not None:
             ax.plot([stats["rollouts_to_baseline"]], [target], marker="*", markersize=13, color=line.get_color())

@@ -15,16 +15,17 @@ has its keys:
 The statistics of thl, ratios, sgt and exchange, their labels and the summary's columns are what the
 registered sharing modes (and the trainer's coordination with peers) declare: mrl_trainer.sharing.
 
-`write_compare_report(runs, out_dir)` writes compare.json (analysis.compare) and index.html with
-one accuracy-vs-rollouts PNG per policy (one line per mode, the target as a dashed line, a star
-where each mode reaches it) and the comparison table.
+`write_compare_report(seeds, out_dir)` writes compare.json (analysis.compare, over seeds) and index.html
+with one accuracy-vs-rollouts PNG per policy (per mode the mean curve with its 95% band, the target as a
+dashed line, a star where each mode reaches it) and the comparison table (final accuracy and the paired
+difference to the baseline, with intervals).
 """
 import html
 import json
 import pathlib
 import re
 
-from mrl_launcher.analysis import PolicyRun, compare_loaded, load_run, load_runs
+from mrl_launcher.analysis import PolicyRun, compare_loaded, load_run, load_seeds
 from mrl_launcher.figures import CUMULATIVE, budget, compare_plot, figure_stats, panels, plot_curves, stat_title
 from mrl_trainer.sharing import STAT_SOURCES
 
@@ -132,29 +133,41 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "policy"
 
 
-def write_compare_report(runs: dict[str, list[str | Path]], out_dir: str | Path, baseline: str = "none") -> Path:
-    """index.html (one accuracy-vs-rollouts PNG per policy, one line per mode; the table) and compare.json."""
-    loaded = load_runs(runs, baseline)
+def _interval(mean, ci) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci[0] is not None else f"{mean:+.3f}"
+
+
+def write_compare_report(seeds: dict[str, dict[str, list[str | Path]]], out_dir: str | Path,
+                         baseline: str = "none") -> Path:
+    """index.html (per policy: mean accuracy per mode with 95% bands against rollouts; the table) and
+    compare.json (analysis.compare)."""
+    loaded = load_seeds(seeds, baseline)
     result = compare_loaded(loaded, baseline)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    header = ["policy", "mode", "steps", "rollouts consumed", "final eval accuracy", "target accuracy",
+    header = ["policy", "mode", "steps", "rollouts consumed", "final accuracy [95%]", f"Δ vs {baseline} [95%]",
               "rollouts to baseline", "ratio to baseline"]
-    rows = [[policy, mode, s["steps"], s["rollouts_total"], s["final_eval_accuracy"], s["target_accuracy"],
+    rows = [[policy, mode, s["steps"], s["rollouts_total"],
+             f"{s['final_accuracy']:.3f} [{s['final_ci'][0]:.3f}, {s['final_ci'][1]:.3f}]",
+             _interval(s.get("delta_baseline"), s.get("delta_baseline_ci")),
              s["rollouts_to_baseline"], s["ratio_to_baseline"]]
             for policy, entry in result["policies"].items() for mode, s in entry.items()]
     figures = []
     for i, (policy, entry) in enumerate(result["policies"].items()):
         name = f"compare_{i}_{_safe(policy)}.png"
-        compare_plot(policy, loaded, entry, out_dir / name)
+        compare_plot(policy, entry, out_dir / name)
         figures.append(_figure_html(name, f"{policy}: held-out accuracy by sharing mode",
-                                    "One line per mode; dashed: the baseline's final accuracy; "
-                                    "a star where a mode first reaches it."))
-    body = (f"<p>baseline mode: <b>{html.escape(baseline)}</b>. rollouts to baseline = rollouts_total of a mode's "
-            "first eval record with eval accuracy ≥ the baseline's final eval accuracy for that policy "
-            "(— if never reached); ratio = that over the baseline's own. "
-            "<a href=\"compare.json\">compare.json</a></p>"
+                                    f"Mean over {len(result['seeds'])} seed(s) and the eval problems; bands: "
+                                    f"95% bootstrap over {result['interval'][policy]}. Dashed: the baseline's final "
+                                    "accuracy; a star where a mode's mean first reaches it."))
+    body = (f"<p>{len(result['seeds'])} seed(s): {html.escape(', '.join(result['seeds']))}; baseline mode: "
+            f"<b>{html.escape(baseline)}</b>. Δ = the paired difference of final held-out accuracy to the "
+            "baseline (same seed, same eval problem), with its 95% bootstrap interval. rollouts to baseline = "
+            "the rollouts at a mode's first eval point whose mean accuracy ≥ the baseline's final (— if never); "
+            "ratio = that over the baseline's own. <a href=\"compare.json\">compare.json</a></p>"
             + "<h2>Comparison</h2>" + _table(header, rows) + "".join(figures))
     index = out_dir / "index.html"
     index.write_text(_page(f"mrl sharing modes vs {baseline}", body), encoding="utf-8")

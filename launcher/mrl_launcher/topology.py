@@ -95,10 +95,12 @@ def stop_on_signals():
             signal.signal(sig, handler)
 
 
-def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None) -> dict:
+def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None,
+                 cpus: int | None = None) -> dict:
     """Start Redis, the services and the trainers of a topology; return {policy: exit code, metrics path}.
 
-    `overrides` are applied to every trainer after its own `set` (e.g. {"sharing.mode": "prp"}).
+    `overrides` are applied to every trainer after its own `set` (e.g. {"sharing.mode": "prp"}). The
+    trainers share `cpus` cores (default: all), each with cpus // trainers compute threads (at least one).
     """
     services = installed_services()    # started in the order of their default ports
     valid = {"redis_url", "data_dir", "run_id", "trainers", "report", *services}
@@ -123,7 +125,7 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
         trainers: dict = {}
         stack.callback(_stop_trainers, trainers, results)   # runs before the services and Redis stop
         specs = config.get("trainers") or []
-        threads = max(1, (os.cpu_count() or 1) // max(len(specs), 1))
+        threads = max(1, (cpus or os.cpu_count() or 1) // max(len(specs), 1))
         for spec in specs:
             path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir, running)
             extra.update(overrides or {})

@@ -234,13 +234,20 @@ def test_experiment_compare_runs_each_mode_and_compares_them(tmp_path, monkeypat
     from mrl_launcher.experiment import run_compare
     monkeypatch.setenv("MRL_MODEL_CACHE", str(tmp_path / "models"))
     topology = _tiny_pair(tmp_path, ("none", "none"), steps=3, warm_start_steps=40)
-    figures = run_compare(topology, ["none", "xgrpo"], None, tmp_path / "compare")
-    assert set(figures["config"]["policies"]) == {"gpt2-tiny", "llama-tiny"}
-    for policy, by_mode in figures["config"]["policies"].items():
+    figures = run_compare(topology, ["none", "xgrpo"], [0, 1], tmp_path / "compare", parallel=2)
+    assert figures["seeds"] == ["s0", "s1"] and set(figures["policies"]) == {"gpt2-tiny", "llama-tiny"}
+    for policy, by_mode in figures["policies"].items():
         assert set(by_mode) == {"none", "xgrpo"} and all(m["rollouts_total"] == 24 for m in by_mode.values())
-    assert (tmp_path / "compare" / "config" / "index.html").is_file()
-    assert json.loads((tmp_path / "compare" / "config" / "compare.json").read_text()) == figures["config"]
-    xgrpo = read_metrics(tmp_path / "compare" / "config" / "xgrpo" / "gpt2-tiny" / "metrics.jsonl")
+        assert figures["interval"][policy] == "seeds × eval problems"
+        xgrpo = by_mode["xgrpo"]
+        assert len(xgrpo["finals"]) == 2 and xgrpo["final_ci"][0] <= xgrpo["final_accuracy"] <= xgrpo["final_ci"][1]
+        assert xgrpo["delta_baseline_ci"][0] <= xgrpo["delta_baseline"] <= xgrpo["delta_baseline_ci"][1]
+    assert (tmp_path / "compare" / "index.html").is_file()
+    assert json.loads((tmp_path / "compare" / "compare.json").read_text()) == figures
+    evals = [r for r in read_metrics(tmp_path / "compare" / "s1" / "none" / "gpt2-tiny" / "metrics.jsonl")
+             if r.get("kind") == "eval"]
+    assert all(len(r["eval_correct"]) == len(r["eval_prompt_ids"]) > 0 for r in evals)
+    xgrpo = read_metrics(tmp_path / "compare" / "s0" / "xgrpo" / "gpt2-tiny" / "metrics.jsonl")
     assert all(r["sharing"] == "xgrpo" and r["xgrpo_pooled"] == 8 for r in xgrpo if r.get("kind", "train") == "train")
 
 

@@ -112,16 +112,21 @@ def _runs(tmp_path):
 
 
 def test_compare_numbers(tmp_path):
-    result = compare(_runs(tmp_path))
-    assert result["baseline"] == "none"
+    result = compare({"s0": _runs(tmp_path)})
+    assert (result["baseline"], result["seeds"]) == ("none", ["s0"])
+    assert result["interval"] == {"qwen": "seeds", "llama": "seeds"}     # no per-problem outcomes recorded
     qwen, llama = result["policies"]["qwen"], result["policies"]["llama"]
     assert set(qwen) == set(llama) == {"none", "prp", "sgt"}
-    assert (qwen["none"]["final_eval_accuracy"], qwen["none"]["rollouts_total"],
+    assert (qwen["none"]["final_accuracy"], qwen["none"]["rollouts_total"],
             qwen["none"]["rollouts_to_baseline"], qwen["none"]["ratio_to_baseline"]) == (0.5, 96, 96, 1.0)
-    assert (qwen["prp"]["final_eval_accuracy"], qwen["prp"]["rollouts_to_baseline"]) == (0.6, 64)
+    assert qwen["none"]["final_ci"] == [0.5, 0.5] and qwen["none"]["delta_baseline"] == 0.0  # one seed, one value
+    assert qwen["none"]["curve"] == {"rollouts": [0, 32, 64, 96], "mean": [0.2, 0.3, 0.4, 0.5],
+                                     "lo": [0.2, 0.3, 0.4, 0.5], "hi": [0.2, 0.3, 0.4, 0.5]}
+    assert (qwen["prp"]["final_accuracy"], qwen["prp"]["rollouts_to_baseline"]) == (0.6, 64)
+    assert qwen["prp"]["delta_baseline"] == pytest.approx(0.1)
     assert qwen["prp"]["ratio_to_baseline"] == pytest.approx(64 / 96)
     assert (qwen["sgt"]["rollouts_to_baseline"], qwen["sgt"]["ratio_to_baseline"]) == (None, None)
-    assert qwen["sgt"]["final_eval_accuracy"] == 0.45
+    assert qwen["sgt"]["final_accuracy"] == 0.45
     assert (llama["none"]["rollouts_to_baseline"], llama["none"]["target_accuracy"]) == (64, 0.3)
     assert (llama["prp"]["rollouts_to_baseline"], llama["prp"]["ratio_to_baseline"]) == (32, 0.5)
     assert (llama["sgt"]["rollouts_total"], llama["sgt"]["rollouts_to_baseline"]) == (128, 128)
@@ -132,7 +137,7 @@ def test_compare_numbers(tmp_path):
 def test_compare_other_baseline_and_missing_policy(tmp_path):
     runs = _runs(tmp_path)
     runs["xgrpo"] = [_metrics(tmp_path / "x.jsonl", "phi", "xgrpo", [0.1, 0.2, 0.3, 0.4])]
-    result = compare(runs, baseline="prp")
+    result = compare({"s0": runs}, baseline="prp")
     # against prp's finals (qwen 0.6 at 96, llama 0.4 at 96): none never gets there
     assert result["policies"]["qwen"]["none"]["rollouts_to_baseline"] is None
     assert result["policies"]["llama"]["prp"]["rollouts_to_baseline"] == 96
@@ -142,20 +147,66 @@ def test_compare_other_baseline_and_missing_policy(tmp_path):
     assert result["policies"]["phi"]["xgrpo"]["rollouts_to_baseline"] is None
 
 
+def _scored(path, policy, sharing, correct_counts, problems=40, ids=None):
+    """Eval records with per-problem outcomes: problems 0..c-1 correct at each eval point."""
+    ids = ids or [f"task:eval:0:{i}" for i in range(problems)]
+    records = []
+    for k, c in enumerate(correct_counts):
+        records.append({"step": 2 * k, "policy": policy, "kind": "eval", "eval_accuracy": c / problems,
+                        "eval_prompt_ids": ids, "eval_correct": [int(i < c) for i in range(problems)],
+                        "rollouts_total": 2 * k * G})
+        records.append({"step": 2 * k, "policy": policy, "reward_mean": 0.1, "rollouts_total": (2 * k + 1) * G,
+                        "sharing": sharing})
+    return _write(path, records)
+
+
+def test_compare_over_seeds_pairs_modes_by_seed_and_problem(tmp_path):
+    """Three seeds; prp solves 4 problems more than solo in every seed: the paired difference is 0.1 with
+    an interval above 0, though the seeds' accuracies spread widely (0.2 … 0.6 solo)."""
+    seeds = {}
+    for s, solo in enumerate([8, 16, 24]):
+        d = tmp_path / f"s{s}"
+        seeds[f"s{s}"] = {"none": [_scored(d / "none.jsonl", "qwen", "none", [4, solo])],
+                          "prp": [_scored(d / "prp.jsonl", "qwen", "prp", [4, solo + 4])]}
+    result = compare(seeds)
+    assert result["seeds"] == ["s0", "s1", "s2"] and result["interval"] == {"qwen": "seeds × eval problems"}
+    none, prp = result["policies"]["qwen"]["none"], result["policies"]["qwen"]["prp"]
+    assert none["finals"] == [0.2, 0.4, 0.6] and none["final_accuracy"] == pytest.approx(0.4)
+    assert none["eval_problems"] == 40 and none["curve"]["rollouts"] == [0, 32]
+    assert prp["final_accuracy"] == pytest.approx(0.5) and prp["delta_baseline"] == pytest.approx(0.1)
+    lo, hi = prp["delta_baseline_ci"]
+    assert 0 < lo < 0.1 < hi                      # paired: a consistent gain shows despite the seed spread
+    assert prp["final_ci"][0] < 0.3 and prp["final_ci"][1] > 0.7 - 0.05   # unpaired, the spread dominates
+    assert prp["rollouts_to_baseline"] == 32 and prp["ratio_to_baseline"] == 1.0
+    assert none["curve"]["mean"][0] == pytest.approx(0.1) and none["curve"]["lo"][0] < 0.1 < none["curve"]["hi"][0]
+
+
+def test_compare_refuses_unpaired_runs(tmp_path):
+    other = [f"task:eval:1:{i}" for i in range(40)]
+    seeds = {"s0": {"none": [_scored(tmp_path / "a.jsonl", "qwen", "none", [4, 8])],
+                    "prp": [_scored(tmp_path / "b.jsonl", "qwen", "prp", [4, 8], ids=other)]}}
+    with pytest.raises(LauncherError, match="not paired|same eval problems"):
+        compare(seeds)
+    seeds["s1"] = {"none": seeds["s0"]["none"]}
+    with pytest.raises(LauncherError, match="every seed must run the same modes"):
+        compare(seeds)
+
+
 def test_write_compare_report(tmp_path):
     runs = _runs(tmp_path)
     runs["prp"][0] = _metrics(tmp_path / "prp_c.jsonl", "q<w>en", "prp", [0.2, 0.4, 0.5, 0.6])
     runs["none"][0] = _metrics(tmp_path / "none_c.jsonl", "q<w>en", "none", [0.2, 0.3, 0.4, 0.5])
     runs["sgt"][0] = _metrics(tmp_path / "sgt_c.jsonl", "q<w>en", "sgt", [0.2, 0.3, 0.45, 0.45])
     out = tmp_path / "cmp"
-    page = write_compare_report(runs, out).read_text()
-    assert json.loads((out / "compare.json").read_text()) == compare(runs)
+    page = write_compare_report({"s0": runs}, out).read_text()
+    assert json.loads((out / "compare.json").read_text()) == compare({"s0": runs})
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert len(pngs) == 2 and all(f'src="{name}"' in page for name in pngs)
     assert "q&lt;w&gt;en" in page and "q<w>en" not in page and "llama" in page
-    assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600</td><td>0.500</td>" \
-           "<td>64</td><td>0.667</td></tr>" in page
-    assert "<td>sgt</td><td>6</td><td>96</td><td>0.450</td><td>0.500</td><td>—</td><td>—</td></tr>" in page
+    assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600 [0.600, 0.600]</td>" \
+           "<td>+0.100 [+0.100, +0.100]</td><td>64</td><td>0.667</td></tr>" in page
+    assert "<td>sgt</td><td>6</td><td>96</td><td>0.450 [0.450, 0.450]</td><td>-0.050 [-0.050, -0.050]</td>" \
+           "<td>—</td><td>—</td></tr>" in page
 
 
 def test_errors(tmp_path):
@@ -170,7 +221,7 @@ def test_errors(tmp_path):
     with pytest.raises(LauncherError, match="no eval records.*eval.every"):
         write_report([no_eval], tmp_path / "r")
     with pytest.raises(LauncherError, match="no eval records"):
-        compare({"none": [good], "prp": [no_eval]})
+        compare({"s0": {"none": [good], "prp": [no_eval]}})
     garbage = tmp_path / "garbage.jsonl"
     garbage.write_text("not json\n")
     with pytest.raises(LauncherError, match="not a trainer metrics file"):
@@ -178,9 +229,9 @@ def test_errors(tmp_path):
     with pytest.raises(LauncherError, match="policy 'p1' is in both"):
         write_report([good, good], tmp_path / "r")
     with pytest.raises(LauncherError, match="baseline mode 'none' is not among the runs"):
-        compare({"prp": [good]})
+        compare({"s0": {"prp": [good]}})
     with pytest.raises(LauncherError, match="baseline mode 'sgt'"):
-        write_compare_report({"none": [good]}, tmp_path / "c", baseline="sgt")
+        write_compare_report({"s0": {"none": [good]}}, tmp_path / "c", baseline="sgt")
     assert not (tmp_path / "c").exists()
     with pytest.raises(LauncherError, match="no metrics files"):
         write_report([], tmp_path / "r")

@@ -2,7 +2,7 @@
 
     team success s_seed(t) = mean over the two policies of their greedy success at eval step t
     final                  = s_seed(T)  (also listed per seed: finals, seed_ids, for paired comparisons of two modes)
-    CI                     = mean ± t_{0.975, n−1} · sd / √n over the n seeds (success clipped to [0, 1])
+    CI                     = the 95% t-interval over the n seeds (intervals.mean_ci; success clipped to [0, 1])
     Δ solo                 = mean over seeds of final_mode − final_none (paired: a seed gives both modes the same
                              contexts, competence and initial policies), with its t-interval
     rollouts_to_solo       = the first eval point at which the mode's seed-mean success curve reaches solo's
@@ -11,14 +11,11 @@
     stats                  = each logged statistic, mean over the two policies (per policy: cumulative ones
                              summed over the run), then over seeds
 """
-import math
-
+from mrl_launcher.intervals import mean_ci
 from mrl_launcher.lab.run import POLICIES
 
-__all__ = ["t975", "mean_ci", "summarize_point", "SHARING_KEYS"]
+__all__ = ["summarize_point", "SHARING_KEYS"]
 
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 _SKIP = {"loss", "active", "extras", "skipped", "clip_low", "clip_high", "ratio_mean", "reward_mean"}
 
 
@@ -28,23 +25,6 @@ def _sharing_keys() -> frozenset:
 
 
 SHARING_KEYS = _sharing_keys()   # every statistic a sharing mode or the coordination with peers logs
-
-
-def t975(df: int) -> float:
-    """The 0.975 quantile of Student's t with df degrees of freedom (table to 30, then 1.96 + 2.4/df)."""
-    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
-
-
-def mean_ci(values: list[float], lo: float = -math.inf,
-            hi: float = math.inf) -> tuple[float, float | None, float | None]:
-    """(mean, lower, upper) of the 95% t-interval; no interval for fewer than two values."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, None, None
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    h = t975(n - 1) * sd / math.sqrt(n)
-    return m, max(m - h, lo), min(m + h, hi)
 
 
 def _team(run: dict, key: str) -> list[float]:

@@ -227,12 +227,12 @@ class Trainer:
             self.engine.sync_weights(self.model)
         return stats
 
-    def evaluate(self) -> float:
-        """Greedy accuracy on the held-out (eval split) problems."""
+    def evaluate(self) -> dict[str, int]:
+        """Greedy decoding on the held-out (eval split) problems: {prompt_id: 1 if verified correct else 0}."""
         problems = self.task.batch(0, self.cfg.eval.problems, split="eval")
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0)
         samples = self.engine.generate([self._prompt(p) for p in problems], 1, params)
-        return sum(self._verify(p, s[0].text)[0] >= 1.0 for p, s in zip(problems, samples)) / len(problems)
+        return {p.prompt_id: int(self._verify(p, s[0].text)[0] >= 1.0) for p, s in zip(problems, samples)}
 
     def step(self) -> dict:
         t = self.state.step
@@ -305,8 +305,11 @@ class Trainer:
         self._saved_step = self.state.step
 
     def log_eval(self) -> float:
-        accuracy = self.evaluate()
+        """Log held-out accuracy with each problem's outcome (paired comparisons resample them); return it."""
+        correct = self.evaluate()
+        accuracy = sum(correct.values()) / len(correct)
         self.metrics.log(self.state.step, kind="eval", eval_accuracy=accuracy,
+                         eval_prompt_ids=list(correct), eval_correct=list(correct.values()),
                          rollouts_total=self.state.rollouts_total)
         return accuracy
 
