@@ -116,6 +116,7 @@ class Exchange:
         self.limits = experience.Limits(self.settings.max_experience_bytes, self.settings.max_tokens)
         self.metrics = ExchangeMetrics()
         self.sessions: dict = {}  # subscription id -> live Subscription (subscription.py) on this replica
+        self._of_policy: dict[tuple[str, str], dict] = {}  # (run, subscriber) -> {id: its live Subscriptions}
         self._publish = redis.register_script(_PUBLISH_LUA)
         self._delete_idle_consumer = redis.register_script(_DELETE_IDLE_CONSUMER_LUA)
         # Subscriptions read stream entries as Redis sends them (flat field lists, no per-entry dicts):
@@ -143,9 +144,15 @@ class Exchange:
             raise ResourceExhausted(f"{session.owner!r} has {mine} open subscriptions, the most allowed "
                                     f"(MRL_MAX_SUBSCRIPTIONS_PER_PRINCIPAL); close one first")
         self.sessions[session.id] = session
+        self._of_policy.setdefault((session.run_id, session.subscriber), {})[session.id] = session
 
     def close_session(self, session) -> None:
         self.sessions.pop(session.id, None)
+        key = (session.run_id, session.subscriber)
+        of_policy = self._of_policy.get(key, {})
+        of_policy.pop(session.id, None)
+        if not of_policy:
+            self._of_policy.pop(key, None)
 
     async def delete_consumer_if_idle(self, key: str, group: str, consumer: str) -> bool:
         """XGROUP DELCONSUMER, only when the consumer has nothing pending (one atomic script)."""
@@ -228,9 +235,8 @@ class Exchange:
                 acked = sum(await pipe.execute())
         except (RedisError, OSError) as exc:
             raise Unavailable(f"Redis is unreachable or failed: {exc}; ack again (acks are idempotent)") from exc
-        for session in self.sessions.values():
-            if (session.run_id, session.subscriber) == (run_id, subscriber):
-                session.release(delivery_ids)  # frees only what it holds: acked entries are done for the policy
+        for session in self._of_policy.get((run_id, subscriber), {}).values():
+            session.release(delivery_ids)  # frees only what it holds: acked entries are done for the policy
         if subscription_id and subscription_id not in self.sessions:
             # a late Ack of an ended subscription: its consumer was kept while it held this work; drop it once
             # it holds nothing (the sweep that would otherwise remove it runs only while the policy subscribes)
