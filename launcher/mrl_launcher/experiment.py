@@ -87,20 +87,22 @@ def _run_all(config: dict, path: pathlib.Path, jobs: list, out: pathlib.Path, ov
              stop: threading.Event, parallel: int) -> dict[str, dict[str, list[str]]]:
     """{seed label: {mode: metrics files}}; the first failure stops the runs still going and is raised."""
     cpus = max(1, (os.cpu_count() or 1) // parallel)
-    runs: dict = {_label(seed): {} for seed, _ in jobs}
+    failures: list[Exception] = []
+
+    def run(seed, mode):
+        try:
+            return _run_one(config, path, seed, mode, out, overrides, stop, cpus)
+        except Exception as exc:    # noqa: BLE001 - the first is re-raised once every run has ended
+            failures.append(exc)    # (list.append is atomic)
+            stop.set()
+            raise
+
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        futures = {pool.submit(_run_one, config, path, seed, mode, out, overrides, stop, cpus): (seed, mode)
-                   for seed, mode in jobs}
-        error = None
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                seed, mode = futures[future]
-                runs[_label(seed)][mode] = future.result()
-            except Exception as exc:    # noqa: BLE001 - re-raised below, after the others have stopped
-                if error is None:
-                    error = exc
-                    stop.set()
-    if error is not None:
-        raise error
-    modes = list(dict.fromkeys(mode for _, mode in jobs))
-    return {label: {mode: by_mode[mode] for mode in modes} for label, by_mode in runs.items()}
+        futures = [(seed, mode, pool.submit(run, seed, mode)) for seed, mode in jobs]
+        concurrent.futures.wait([f for *_, f in futures])
+    if failures:
+        raise failures[0]
+    runs: dict = {}
+    for seed, mode, future in futures:
+        runs.setdefault(_label(seed), {})[mode] = future.result()
+    return runs

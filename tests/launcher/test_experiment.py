@@ -1,0 +1,54 @@
+"""mrl_launcher.experiment: how runs are scheduled (the runs themselves: tests/e2e/test_mutual.py)."""
+import threading
+import time
+
+import pytest
+
+from mrl_launcher import experiment
+from mrl_launcher.errors import RunFailed
+
+
+def test_default_parallel_gives_each_trainer_a_core(monkeypatch):
+    monkeypatch.setattr(experiment.os, "cpu_count", lambda: 8)
+    assert experiment.default_parallel(trainers=2, jobs=15) == 4
+    assert experiment.default_parallel(trainers=2, jobs=3) == 3
+    monkeypatch.setattr(experiment.os, "cpu_count", lambda: 2)
+    assert experiment.default_parallel(trainers=3, jobs=15) == 1
+
+
+def test_the_first_failure_stops_the_other_runs_and_is_raised(monkeypatch, tmp_path):
+    """Three at a time; s0/prp fails at once: the runs going are told to stop, none starts after it."""
+    started, lock = [], threading.Lock()
+
+    def run_one(config, path, seed, mode, out, overrides, stop, cpus):
+        if stop.is_set():
+            raise RunFailed(f"stopped before mode {mode}, seed s{seed}")
+        with lock:
+            started.append((seed, mode))
+        if (seed, mode) == (0, "prp"):
+            raise RunFailed("mode prp, seed s0: trainers failed with exit codes {'a': 1}")
+        while not stop.wait(0.01):      # a run in progress ends when asked to stop
+            pass
+        raise RunFailed(f"stopped during mode {mode}, seed s{seed}")
+
+    monkeypatch.setattr(experiment, "_run_one", run_one)
+    jobs = [(seed, mode) for seed in (0, 1, 2) for mode in ("none", "prp")]
+    start = time.monotonic()
+    with pytest.raises(RunFailed, match="mode prp, seed s0: trainers failed"):
+        experiment._run_all({}, tmp_path / "t.yaml", jobs, tmp_path, None, threading.Event(), parallel=3)
+    assert time.monotonic() - start < 5
+    assert set(started) <= {(0, "none"), (0, "prp"), (1, "none")}
+
+
+def test_results_come_back_by_seed_in_mode_order(monkeypatch, tmp_path):
+    def run_one(config, path, seed, mode, out, overrides, stop, cpus):
+        time.sleep(0.05 if mode == "none" else 0.0)    # finish out of order
+        return [f"{seed}-{mode}-{cpus}.jsonl"]
+
+    monkeypatch.setattr(experiment, "_run_one", run_one)
+    monkeypatch.setattr(experiment.os, "cpu_count", lambda: 4)
+    jobs = [(seed, mode) for seed in (0, 1) for mode in ("none", "sgt")]
+    runs = experiment._run_all({}, tmp_path / "t.yaml", jobs, tmp_path, None, threading.Event(), parallel=2)
+    assert runs == {"s0": {"none": ["0-none-2.jsonl"], "sgt": ["0-sgt-2.jsonl"]},
+                    "s1": {"none": ["1-none-2.jsonl"], "sgt": ["1-sgt-2.jsonl"]}}
+    assert list(runs["s0"]) == ["none", "sgt"]
