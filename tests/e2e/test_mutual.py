@@ -179,7 +179,8 @@ def test_peer_inbox_waits_for_complete_batches_and_drops_stale_ones(exchange, ru
             assert 1.0 <= arrived.waited_s < 10                                   # p0 never arrives: waited it out
             batch, stats = to_peer_batch(arrived, ["p0", "p5", "p6"], Retokenizer("gpt2"))
             assert [s.reward for s in batch.rollouts[1]] == [0.0, 1.0, 1.0] and 0 not in batch.rollouts
-            assert batch.rollouts[1][0].ids == [33706, 25, 220] and batch.rollouts[1][0].behaviour_mean_logp == -1.0
+            first = batch.rollouts[1][0]
+            assert first.ids == [33706, 25, 220] and (first.behaviour_logp, first.chunks) == (-3.0, 3)
             assert batch.group_rewards == {1: [0.0, 1.0, 1.0], 2: [1.0]} and stats["peers_complete"] == arrived.complete
             with pytest.raises(Exception, match="set sharing.align.target"):     # a foreign tokenizer needs THL
                 to_peer_batch(arrived, ["p0", "p5", "p6"], Retokenizer("smollm2"))

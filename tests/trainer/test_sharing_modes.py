@@ -13,6 +13,7 @@ from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages, policy_loss
 from mrl_trainer.rollout.base import Sample
 from mrl_trainer.sharing import SHARING_MODES, Extra, PeerBatch, PeerSample, Plan, Verifier, sharing_config
+from mrl_trainer.sharing.base import cross_log_ratio
 from mrl_trainer.sharing.hacpo import capability_ratio, mixed_advantages, peer_loss, stepwise_lower_bound
 from mrl_trainer.sharing.prp import truncated_ratio
 from mrl_trainer.tasks import Problem
@@ -33,10 +34,11 @@ def make_batch(rewards: list[list[float]], lengths: list[list[int]] | None = Non
 
 def peer(prompt_index: int, n_tokens: int, reward: float, *, behaviour: float = -1.0, text: str | None = None,
          producer: str = "j") -> PeerSample:
-    """A peer sample whose text, by default, is what answer_verifier scores `reward` (the answer iff reward 1)."""
+    """A peer sample whose text, by default, is what answer_verifier scores `reward` (the answer iff reward 1);
+    one tokenizer (a chunk per token), `behaviour` the producer's mean log-prob per token."""
     text = (f"a{prompt_index}" if reward >= 1 else f"score:{reward}") if text is None else text
     return PeerSample(producer=producer, prompt_index=prompt_index, ids=list(range(20, 20 + n_tokens)), text=text,
-                      reward=reward, behaviour_mean_logp=behaviour)
+                      reward=reward, behaviour_logp=behaviour * n_tokens, chunks=n_tokens)
 
 
 def answer_verifier(batch: StepBatch) -> Verifier:
@@ -225,7 +227,7 @@ def test_prp_pools_advantages_and_totals():
     plan = plan_of(mode("prp"), batch, peers)
     a = 0.5 / (statistics.stdev([1, 0, 1, 0]) + EPS)                    # pool {1, 0 | 1, 0}: mean 0.5
     assert torch.allclose(plan.advantages, torch.tensor([a, -a]), atol=1e-6)
-    assert [(e.prompt_index, e.ids, e.behaviour_mean_logp) for e in plan.extras] == \
+    assert [(e.prompt_index, e.ids, e.behaviour_logp / e.chunks) for e in plan.extras] == \
         [(0, peers.rollouts[0][0].ids, -1.0), (0, peers.rollouts[0][1].ids, -2.0)]
     assert math.isclose(plan.extras[0].advantage, a, rel_tol=1e-6)
     assert math.isclose(plan.extras[1].advantage, -a, rel_tol=1e-6)
@@ -260,7 +262,8 @@ def test_prp_peer_term_is_a_truncated_stopped_gradient_weight(aggregation):
     # peer a: mean logp −0.6, behaviour −1.0 → log ρ = 0.4, ρ = e^0.4 > c → ρ̄ = 1
     # peer b: mean logp −2.5, behaviour −2.0 → log ρ = −0.5, ρ̄ = e^−0.5
     logp, mask = rows([[-0.5, -0.7], [-2.5, -2.5, -2.5, -2.5]])
-    log_rho, rho_bar = truncated_ratio(logp, mask, torch.tensor([-1.0, -2.0], dtype=torch.float64), 1.0)
+    log_rho, rho_bar = truncated_ratio(logp, mask, torch.tensor([-2.0, -8.0], dtype=torch.float64),
+                                       torch.tensor([2.0, 4.0], dtype=torch.float64), 1.0)
     assert torch.allclose(log_rho, torch.tensor([0.4, -0.5], dtype=torch.float64))
     assert torch.allclose(rho_bar, torch.tensor([1.0, math.exp(-0.5)], dtype=torch.float64))
     assert not rho_bar.requires_grad
@@ -340,7 +343,7 @@ def test_stepwise_lower_bound_rises_with_each_update_and_is_capped():
 
 def test_hacpo_extra_loss_reports_the_lower_bound_of_update_m():
     hacpo = mode("hacpo", hacpo={"delta": 0.2, "delta_step": 0.025})
-    extras = [Extra(0, [1, 2], advantage=0.5, behaviour_mean_logp=-1.0, weight=1.0)]
+    extras = [Extra(0, [1, 2], advantage=0.5, behaviour_logp=-2.0, chunks=2, weight=1.0)]
     for m, lower in ((0, 0.8), (1, 0.825), (4, 0.9), (8, 1.0), (50, 1.0)):
         logp, mask = rows([[-1.05, -1.05]])                                # s = e^−0.05 ≈ 0.951
         _, stats = hacpo.extra_loss(logp, mask, extras, update=m, max_tokens=8,
@@ -354,10 +357,11 @@ def test_hacpo_extra_loss_reports_the_lower_bound_of_update_m():
 def test_peer_loss_has_no_min_and_stops_the_weight_gradient(alpha):
     # three peers: s inside [0.8, 1], s below (clipped up to 0.8), s above 1 (clipped down to 1)
     logp, mask = rows([[-1.1, -1.1, -1.1], [-1.5, -1.5], [-0.9]])
-    behaviour = torch.tensor([-1.0, -1.0, -1.0], dtype=torch.float64)
+    chunks = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)
+    behaviour = -1.0 * chunks                                              # −1 per token
     advantages = torch.tensor([0.5, -0.7, 0.9], dtype=torch.float64)
     omega = torch.tensor([2.0, 0.5, 3.0], dtype=torch.float64)
-    loss, ratio = peer_loss(logp, mask, behaviour, advantages, omega, lower=0.8, alpha=alpha,
+    loss, ratio = peer_loss(logp, mask, behaviour, chunks, advantages, omega, lower=0.8, alpha=alpha,
                             aggregation="seq-mean-token-mean", num_sequences=5)
     s = [math.exp(-0.1), math.exp(-0.5), math.exp(0.1)]
     assert torch.allclose(ratio, torch.tensor(s, dtype=torch.float64))
@@ -384,7 +388,7 @@ def _hacpo_case():
 def test_hacpo_plan_uses_omega_kj_in_the_baseline_and_omega_jk_on_peers():
     batch, peers = _hacpo_case()
     hacpo = mode("hacpo")
-    plan = plan_of(hacpo, batch, peers, capability=0.5)       # ω^(k,j) = 0.5/0.25 = 2, ω^(j,k) = 0.5
+    plan = plan_of(hacpo, batch, peers, capability=1.0)   # P̂^j measured 0.5: ω^(k,j) = 1/0.5 = 2, ω^(j,k) = 0.5
     rewards = [1, 0, 0, 1, 1, 0]
     mu = (1 + 0 + 0 + 1 + 2 * 1 + 2 * 0) / 6
     sigma = statistics.stdev(rewards)
@@ -392,19 +396,33 @@ def test_hacpo_plan_uses_omega_kj_in_the_baseline_and_omega_jk_on_peers():
     assert torch.allclose(plan.advantages, torch.tensor(expected[:4]), atol=1e-6)
     assert [e.weight for e in plan.extras] == [0.5, 0.5]
     assert [e.advantage for e in plan.extras] == pytest.approx(expected[4:])
-    assert [e.behaviour_mean_logp for e in plan.extras] == [-1.0, -2.0]
+    assert [e.behaviour_logp / e.chunks for e in plan.extras] == [-1.0, -2.0]
     assert plan.stats["hacpo_omega_mean"] == 0.5 and plan.stats["peer_samples"] == 2
+    assert plan.stats["hacpo_peer_capability"] == 0.5 and plan.stats["hacpo_capability_gap"] == 0.25  # claimed 0.25
     assert plan.totals == plan.extra_totals == {"num_sequences": 6, "num_tokens": 8 + 5}
-    # unknown producer capability → ω = 1 both ways
-    unknown = PeerBatch(rollouts=peers.rollouts)
-    plan = plan_of(hacpo, batch, unknown, capability=0.5)
-    assert [e.weight for e in plan.extras] == [1.0, 1.0]
+
+
+def test_hacpo_measures_a_peers_capability_and_ignores_its_claim():
+    """P̂^j is the mean, over the last K steps, of the re-scored rewards of j's pooled rollouts: a peer that
+    claims P̂ = 1 (for 10× weight) or says nothing gets the same ω."""
+    batch, peers = _hacpo_case()
+    truthful = plan_of(mode("hacpo"), batch, peers, capability=1.0)
+    for claim in ({"j": 1.0}, {}):
+        lying = plan_of(mode("hacpo"), batch, PeerBatch(rollouts=peers.rollouts, capability=claim), capability=1.0)
+        assert [e.weight for e in lying.extras] == [e.weight for e in truthful.extras] == [0.5, 0.5]
+        assert torch.equal(lying.advantages, truthful.advantages)
+    hacpo = mode("hacpo", hacpo={"window": 2})
+    wrong = PeerBatch(rollouts={0: [peer(0, 3, 0.0, producer="j"), peer(0, 2, 0.0, producer="j")]})
+    assert hacpo.measure_capabilities([peers.rollouts[0]]) == {"j": 0.5}           # rewards 1, 0
+    assert hacpo.measure_capabilities([wrong.rollouts[0]]) == {"j": 0.25}          # (0.5 + 0) / 2
+    assert hacpo.measure_capabilities([wrong.rollouts[0]]) == {"j": 0.0}           # window K = 2: (0 + 0) / 2
+    assert hacpo.measure_capabilities([[]]) == {}                                  # j sent nothing this step
 
 
 def test_hacpo_extra_loss_applies_omega_jk():
     batch, peers = _hacpo_case()
     hacpo = mode("hacpo", LossConfig(aggregation="seq-mean-token-mean"))
-    plan = plan_of(hacpo, batch, peers, capability=0.5)
+    plan = plan_of(hacpo, batch, peers, capability=1.0)
     logp, mask = rows([[-1.1, -1.1, -1.1], [-2.1, -2.1]])                 # s = e^−0.1 both, inside [0.8, 1]
     loss, _ = hacpo.extra_loss(logp, mask, plan.extras, update=0, max_tokens=8, totals=plan.extra_totals)
     s = math.exp(-0.1)
@@ -506,8 +524,8 @@ def test_trainer_update_runs_a_plan_with_extras(tiny_trainer, name, summary):
     n = sum(len(g) for g in batch.samples)
     own = [s for g in batch.samples for s in g]
     extra_ids = [own[0].ids or [11, 12], [13, 14, 15], [16]]
-    extras = [Extra(prompt_index=i % len(batch.problems), ids=ids, advantage=0.5 - i, behaviour_mean_logp=-8.0,
-                    weight=1.0) for i, ids in enumerate(extra_ids)]
+    extras = [Extra(prompt_index=i % len(batch.problems), ids=ids, advantage=0.5 - i,
+                    behaviour_logp=-8.0 * len(ids), chunks=len(ids), weight=1.0) for i, ids in enumerate(extra_ids)]
     totals = {"num_sequences": n + 3, "num_tokens": sum(len(s.ids) for s in own) + 6}
     extra_totals = {"num_rescued": 3} if name == "sgt" else totals
     plan = Plan(advantages=torch.linspace(-1, 1, n), extras=extras, totals=totals, extra_totals=extra_totals,
@@ -529,3 +547,21 @@ def test_peer_rollouts_are_rescored_by_the_receivers_verifier(name):
     lying = plan_of(mode(name), batch, PeerBatch(rollouts={0: [peer(0, 2, 1.0, text="wrong")]}))
     assert torch.equal(honest.advantages, lying.advantages) and honest.extras == lying.extras
     assert honest.stats["peer_reward_disputed"] == 0 and lying.stats["peer_reward_disputed"] == 1
+
+
+def test_a_cross_tokenizer_ratio_is_one_when_both_policies_give_the_text_the_same_probability():
+    """The same text, 30 tokens under the receiver k and 36 under the producer j, log P = −40 under both.
+    Per-side means gave log s = −40/30 + 40/36 ≈ −0.22 (s ≈ 0.80, HACPO's clip edge); one normaliser, THL's
+    chunk count (here 24), gives exactly 0 — and with the same tokenizer it is the papers' per-token ratio."""
+    logp, mask = rows([[-40.0 / 30] * 30])
+    behaviour, chunks = torch.tensor([-40.0]), torch.tensor([24.0])
+    assert cross_log_ratio(logp, mask, behaviour, chunks).item() == pytest.approx(0.0, abs=1e-6)
+    assert math.exp(-40.0 / 30 + 40.0 / 36) == pytest.approx(0.80, abs=0.005)    # what the per-side means gave
+    _, ratio = peer_loss(logp, mask, behaviour, chunks, torch.tensor([1.0]), torch.tensor([1.0]), lower=0.8,
+                         alpha=1.0, aggregation="seq-mean-token-mean", num_sequences=1, num_tokens=30)
+    assert ratio.item() == pytest.approx(1.0, abs=1e-6)
+    _, rho = truncated_ratio(logp, mask, behaviour, chunks, c=1.0)
+    assert rho.item() == pytest.approx(1.0, abs=1e-6)
+    # one tokenizer: C = |y|, and log s = mean log π_θ^k − mean log π^j (per token)
+    logp, mask = rows([[-1.0, -2.0, -3.0]])
+    assert cross_log_ratio(logp, mask, torch.tensor([-4.5]), torch.tensor([3.0])).item() == pytest.approx(-2.0 + 1.5)

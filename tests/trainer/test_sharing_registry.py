@@ -36,7 +36,7 @@ def step_batch() -> StepBatch:
 
 def peer_sample(p: int, text: str, reward: float, n_tokens: int = 3) -> PeerSample:
     return PeerSample(producer="j", prompt_index=p, ids=list(range(20, 20 + n_tokens)), text=text, reward=reward,
-                      behaviour_mean_logp=-1.5)
+                      behaviour_logp=-1.5 * n_tokens, chunks=n_tokens)
 
 
 def peer_batch() -> PeerBatch:
@@ -93,7 +93,8 @@ def test_coordination_stats_are_the_declared_ones():
     rollout = SimpleNamespace(tokenizer_id="other", token_ids=[5, 6], logprobs=[-1.0, -1.0], response_text="a0",
                               reward=1.0)
     aligned = SimpleNamespace(target_ids=[7], lossless=True,
-                              residual=SimpleNamespace(one_to_one_share=1.0, mean_target_tokens_per_chunk=1.0))
+                              residual=SimpleNamespace(chunks=1, one_to_one_share=1.0,
+                                                       mean_target_tokens_per_chunk=1.0))
     thl = SimpleNamespace(align_batch=lambda jobs: [aligned for _ in jobs])
     arrived = Arrived(entries={"p0": {"j": _Entry(version=0, group_rewards=[1.0], rollouts=[rollout])}},
                       capability={}, waited_s=0.1, complete=1.0)

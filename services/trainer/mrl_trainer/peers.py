@@ -205,12 +205,14 @@ class Retokenizer:
     def __init__(self, tokenizer_id: str, align_client=None):
         self.tokenizer_id, self.client = tokenizer_id, align_client
 
-    def __call__(self, items: list[tuple[str, list[int]]]) -> tuple[list[list[int]], dict[str, float]]:
-        """[(source tokenizer id, ids)] → ([own ids], THL residual stats over the ones that needed THL)."""
+    def __call__(self, items: list[tuple[str, list[int]]]) -> tuple[list[list[int]], list[int], dict[str, float]]:
+        """[(source tokenizer id, ids)] → ([own ids], [chunks C(y)], THL residual stats over the ones that needed
+        THL). C(y) is THL's count of aligned chunks; with the same tokenizer each token is its own chunk."""
         out: list[list[int] | None] = [list(ids) if tid == self.tokenizer_id else None for tid, ids in items]
+        chunks = [len(ids) if ids is not None else 0 for ids in out]
         todo = [i for i, ids in enumerate(out) if ids is None]
         if not todo:
-            return out, {}
+            return out, chunks, {}
         if self.client is None:
             foreign = sorted({items[i][0] for i in todo})
             raise TrainerError(f"peers use tokenizer(s) {foreign}, this policy uses {self.tokenizer_id!r}: set "
@@ -221,29 +223,29 @@ class Retokenizer:
         except MrlError as exc:
             raise TrainerError(f"THL could not retokenize the peers' responses: {exc}") from exc
         for i, a in zip(todo, aligned):
-            out[i] = a.target_ids
+            out[i], chunks[i] = a.target_ids, a.residual.chunks
         n = len(aligned)
-        return out, {"thl_one_to_one": sum(a.residual.one_to_one_share for a in aligned) / n,
-                     "thl_lossless": sum(a.lossless for a in aligned) / n,
-                     "thl_tokens_per_chunk": sum(a.residual.mean_target_tokens_per_chunk for a in aligned) / n}
+        return out, chunks, {"thl_one_to_one": sum(a.residual.one_to_one_share for a in aligned) / n,
+                             "thl_lossless": sum(a.lossless for a in aligned) / n,
+                             "thl_tokens_per_chunk": sum(a.residual.mean_target_tokens_per_chunk for a in aligned) / n}
 
 
 def to_peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict]:
     """The arrived experience as a PeerBatch in this policy's tokens, and stats (peer_wait_s, peers_complete, thl_*)."""
     batch = PeerBatch(capability=dict(arrived.capability))
-    pending = []     # (target dict, prompt index, producer, payload, behaviour mean log-prob)
+    pending = []     # (target dict, prompt index, producer, payload, behaviour sequence log-prob)
     for p, pid in enumerate(prompt_ids):
         for producer, entry in arrived.entries.get(pid, {}).items():
             if entry.group_rewards is not None:
                 batch.group_rewards.setdefault(p, []).extend(entry.group_rewards)
             for r in entry.rollouts:
                 if r.logprobs and len(r.logprobs) == len(r.token_ids):   # ρ needs the behaviour log-probs
-                    pending.append((batch.rollouts, p, producer, r, sum(r.logprobs) / len(r.logprobs)))
+                    pending.append((batch.rollouts, p, producer, r, sum(r.logprobs)))
             for s in entry.successes:
                 pending.append((batch.successes, p, producer, s, 0.0))
-    ids, stats = retokenize([(x[3].tokenizer_id, list(x[3].token_ids)) for x in pending])
-    for (target, p, producer, payload, mean_logp), own_ids in zip(pending, ids):
+    ids, chunks, stats = retokenize([(x[3].tokenizer_id, list(x[3].token_ids)) for x in pending])
+    for (target, p, producer, payload, logp), own_ids, c in zip(pending, ids, chunks):
         target.setdefault(p, []).append(PeerSample(
             producer=producer, prompt_index=p, ids=own_ids, text=payload.response_text, reward=payload.reward,
-            behaviour_mean_logp=mean_logp))
+            behaviour_logp=logp, chunks=c))
     return batch, {"peer_wait_s": arrived.waited_s, "peers_complete": arrived.complete, **stats}

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import group_advantages, masked_seq_mean, policy_loss
+from mrl_trainer.losses import group_advantages, policy_loss
 
 __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
            "cross_log_ratio", "PEER_STATS"]
@@ -33,7 +33,8 @@ class PeerSample:
     ids: list[int]                   # this policy's tokens of the response (THL-retokenized)
     text: str
     reward: float                    # the producer's claimed reward (SGT never trusts it)
-    behaviour_mean_logp: float       # (1/|y|_j) Σ_t log π_old^j(y_t): over the producer's own tokens
+    behaviour_logp: float = 0.0      # Σ_u log π_old^j(y_u): the producer's sequence log-prob, over its own tokens
+    chunks: int = 1                  # C(y): THL's aligned chunks of the response (= its tokens for one tokenizer)
 
 
 @dataclass
@@ -51,7 +52,8 @@ class Extra:
     prompt_index: int
     ids: list[int]
     advantage: float = 0.0
-    behaviour_mean_logp: float = 0.0
+    behaviour_logp: float = 0.0      # Σ_u log π_old^j(y_u), the producer's tokens
+    chunks: int = 1                  # C(y), the normaliser both sides of a cross-tokenizer ratio share
     weight: float = 1.0              # HACPO: ω^(j,k)
 
 
@@ -88,10 +90,17 @@ def pooled_peers(peers: PeerBatch, prompt_index: int, per_prompt: int, verify: V
     return rescored([s for s in peers.rollouts.get(prompt_index, []) if s.ids][:per_prompt], verify)
 
 
-def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor) -> Tensor:
-    """log s = (1/|y|_k) Σ_t log π_θ^k(y_t) − (1/|y|_j) Σ_t log π_old^j(y_t), each side over its own tokens:
-    logp, mask (N, T) in k's tokens; behaviour_mean_logp (N,) from the producer j. Differentiable in logp."""
-    return masked_seq_mean(logp, mask) - behaviour_mean_logp
+def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor) -> Tensor:
+    """The length-normalised log density ratio of a peer response y under π_θ^k and the producer's π_old^j:
+
+        log s = ( Σ_t log π_θ^k(y_t)  −  Σ_u log π_old^j(y_u) ) / C(y)
+
+    each sum over its own policy's tokens of the same text, divided by ONE normaliser, C(y) = the number of
+    THL chunks of y (the smallest spans both tokenizations agree on; = |y| when the tokenizers are the same,
+    where this is the papers' per-token ratio). When both policies give y the same probability, log s = 0
+    whatever the two token counts (a per-side mean would give log P · (1/|y|_k − 1/|y|_j) ≠ 0 instead).
+    logp, mask (N, T) in k's tokens; behaviour_logp, chunks (N,) from the producer j. Differentiable in logp."""
+    return (torch.where(mask.bool(), logp, 0.0).sum(-1) - behaviour_logp) / chunks.clamp(min=1)
 
 
 PEER_STATS = {"peer_samples": "peer samples used",

@@ -1,7 +1,13 @@
 """HACPO — Heterogeneous Agent Collaborative Policy Optimization (the HACRL paper and its public code).
 
 Capability P̂^k = mean of k's batch mean reward over a sliding window of K steps (current
-included; `window`), published by every policy in its policy_stats. Capability ratio
+included; `window`). A peer's capability is MEASURED by the receiver, never taken from the peer:
+
+    P̂^j = mean over the last K steps (with j's rollouts) of the mean reward, under k's own verifier,
+          of the rollouts of j pooled that step
+
+(a peer's own claim, policy_stats.capability, is only compared: hacpo_capability_gap = mean |claim − P̂^j|;
+a peer claiming P̂ = 1 would otherwise get up to 10× weight). Capability ratio
 
     ω^(k,j) = clamp(P̂^k / P̂^j, 0.1, 10),      ω^(k,k) = 1
 
@@ -15,15 +21,19 @@ group mean. Own samples take the GSPO loss (sequence ratio, clip [1 − 3e-4, 1 
 A peer sample y^j (k's tokens, THL-retokenized) takes exponential importance sampling with
 stepwise clipping, no min():
 
-    s     = exp( (1/|y|_k) Σ_t log π_θ^k(y_t) − (1/|y|_j) Σ_t log π_old^j(y_t) )    each side over its own tokens
+    s     = exp( ( Σ_t log π_θ^k(y_t) − Σ_u log π_old^j(y_u) ) / C(y) )     each sum over its own tokens of y,
+                                                                        C(y) = THL chunks of y (base.cross_log_ratio)
     s̄     = clip(s, 1 − δ + m·δ_step, 1)        m = optimizer updates already made this step (lower bound ≤ 1)
     l     = −s̄ · sg[s̄]^α · ω^(j,k) · A
 
 Both terms are aggregated as GSPO does, seq-mean-token-mean (`aggregation`), with the pooled
 totals. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
 hacpo_clipped (share of s outside the bounds), hacpo_lower_bound (at the step's last update),
-peer_reward_disputed (peer claims k's verifier disagrees with).
+hacpo_peer_capability (mean measured P̂^j), hacpo_capability_gap, peer_reward_disputed (peer claims
+k's verifier disagrees with).
 """
+from collections import deque
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
@@ -31,8 +41,8 @@ from torch import Tensor
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_loss
 from mrl_trainer.losses import Aggregation
-from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio,
-                                      pooled_peers)
+from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier,
+                                      cross_log_ratio, pooled_peers)
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -73,14 +83,14 @@ def stepwise_lower_bound(delta: float, delta_step: float, update: int) -> float:
     return min(1.0 - delta + update * delta_step, 1.0)
 
 
-def peer_loss(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, advantages: Tensor, weights: Tensor, *,
-              lower: float, alpha: float, aggregation: str, max_tokens: int | None = None,
+def peer_loss(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor, advantages: Tensor,
+              weights: Tensor, *, lower: float, alpha: float, aggregation: str, max_tokens: int | None = None,
               num_sequences: int | None = None, num_tokens: int | None = None) -> tuple[Tensor, Tensor]:
     """agg[ −s̄ sg[s̄]^α ω A ] broadcast over each sequence's tokens, and s (N,) detached.
 
-    logp, mask (N, T); behaviour_mean_logp, advantages, weights ω^(j,k) (N,).
+    logp, mask (N, T); behaviour_logp, chunks, advantages, weights ω^(j,k) (N,).
     """
-    ratio = torch.exp(cross_log_ratio(logp, mask, behaviour_mean_logp))               # s (N,)
+    ratio = torch.exp(cross_log_ratio(logp, mask, behaviour_logp, chunks))            # s (N,)
     clipped = ratio.clamp(min=lower, max=1.0)
     term = clipped * clipped.detach() ** alpha * weights * advantages
     loss = aggregate(-term.unsqueeze(-1), mask, aggregation, max_tokens=max_tokens, num_sequences=num_sequences,
@@ -94,35 +104,61 @@ class HACPO(SharingMode):
     kinds = ("rollout", "policy_stats")
     Config = HACPOConfig
     stats = {**PEER_STATS, "hacpo_ratio_mean": "HACPO mean ratio", "hacpo_clipped": "HACPO fraction clipped",
-             "hacpo_omega_mean": "HACPO mean ω", "hacpo_lower_bound": "HACPO lower bound"}
+             "hacpo_omega_mean": "HACPO mean ω", "hacpo_lower_bound": "HACPO lower bound",
+             "hacpo_peer_capability": "HACPO measured peer capability P̂^j",
+             "hacpo_capability_gap": "HACPO |claimed − measured| peer capability"}
     figures = {"ratios": ("hacpo_ratio_mean", "hacpo_clipped", "hacpo_omega_mean", "hacpo_lower_bound"),
                "exchange": ("peer_samples",)}
+
+    def __init__(self, sharing, loss):
+        super().__init__(sharing, loss)
+        self._measured: dict[str, deque] = {}     # producer → its steps' mean re-scored reward, the last K
+
+    def measure_capabilities(self, pooled: list[list[PeerSample]]) -> dict[str, float]:
+        """P̂^j of every producer with rollouts pooled this step, from this step and its K − 1 before."""
+        rewards: dict[str, list[float]] = {}
+        for samples in pooled:
+            for s in samples:
+                rewards.setdefault(s.producer, []).append(s.reward)
+        for producer, values in rewards.items():
+            window = self._measured.setdefault(producer, deque(maxlen=self.sharing.hacpo.window))
+            window.append(sum(values) / len(values))
+        return {producer: sum(self._measured[producer]) / len(self._measured[producer]) for producer in rewards}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         cfg = self.sharing.hacpo
         own_advantages, extras, omega_used = [], [], []
         n_peer = peer_tokens = disputed = 0
-        for p, group in enumerate(batch.rewards):
-            pooled, differ = pooled_peers(peers, p, cfg.per_prompt, verify)
+        pooled = []
+        for p in range(len(batch.rewards)):
+            samples, differ = pooled_peers(peers, p, cfg.per_prompt, verify)
+            pooled.append(samples)
             disputed += differ
-            omega_kj = [capability_ratio(capability, peers.capability.get(s.producer, capability)) for s in pooled]
+        measured = self.measure_capabilities(pooled)
+        for p, group in enumerate(batch.rewards):
+            omega_kj = [capability_ratio(capability, measured[s.producer]) for s in pooled[p]]
             advantages = mixed_advantages(
-                torch.tensor([*group, *(s.reward for s in pooled)], dtype=torch.float64),
+                torch.tensor([*group, *(s.reward for s in pooled[p])], dtype=torch.float64),
                 torch.tensor([1.0] * len(group) + omega_kj, dtype=torch.float64),
-                torch.tensor([True] * len(group) + [False] * len(pooled)), scale=self.loss.scale_rewards)
+                torch.tensor([True] * len(group) + [False] * len(pooled[p])), scale=self.loss.scale_rewards)
             own_advantages += advantages[:len(group)].tolist()
-            for s, a in zip(pooled, advantages[len(group):].tolist()):
+            for s, a in zip(pooled[p], advantages[len(group):].tolist()):
                 n_peer, peer_tokens = n_peer + 1, peer_tokens + len(s.ids)
-                omega_jk = capability_ratio(peers.capability.get(s.producer, capability), capability)
+                omega_jk = capability_ratio(measured[s.producer], capability)
                 omega_used.append(omega_jk)
                 if a != 0.0:
-                    extras.append(Extra(prompt_index=p, ids=s.ids, advantage=a,
-                                        behaviour_mean_logp=s.behaviour_mean_logp, weight=omega_jk))
+                    extras.append(Extra(prompt_index=p, ids=s.ids, advantage=a, behaviour_logp=s.behaviour_logp,
+                                        chunks=s.chunks, weight=omega_jk))
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + n_peer, num_tokens=totals["num_tokens"] + peer_tokens)
         stats = {"peer_samples": n_peer, "peer_reward_disputed": disputed}
         if omega_used:
             stats["hacpo_omega_mean"] = sum(omega_used) / len(omega_used)
+        if measured:
+            stats["hacpo_peer_capability"] = sum(measured.values()) / len(measured)
+        gaps = [abs(peers.capability[j] - value) for j, value in measured.items() if j in peers.capability]
+        if gaps:
+            stats["hacpo_capability_gap"] = sum(gaps) / len(gaps)
         return Plan(torch.tensor(own_advantages, dtype=torch.float32), extras=extras, totals=totals,
                     extra_totals=totals, stats=stats)
 
@@ -136,8 +172,8 @@ class HACPO(SharingMode):
         cfg = self.sharing.hacpo
         lower = stepwise_lower_bound(cfg.delta, cfg.delta_step, update)
         tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731
-        loss, ratio = peer_loss(logp, mask, tensor([e.behaviour_mean_logp for e in extras]),
-                                tensor([e.advantage for e in extras]), tensor([e.weight for e in extras]),
+        loss, ratio = peer_loss(logp, mask, tensor([e.behaviour_logp for e in extras]),
+                                tensor([e.chunks for e in extras]), tensor([e.advantage for e in extras]), tensor([e.weight for e in extras]),
                                 lower=lower, alpha=cfg.alpha, aggregation=cfg.aggregation,
                                 max_tokens=max_tokens, **totals)
         return loss, {"ratio_mean": ratio, "clipped": ((ratio < lower) | (ratio > 1.0)).float(),

@@ -12,7 +12,8 @@ Own samples keep the trainer's GRPO-family clipped surrogate. A peer sample y (s
 is weighted by a sequence-level, length-normalised density ratio, truncated at c and used as a
 stopped-gradient weight (a truncated importance-sampled policy gradient):
 
-    log ρ = (1/|y|_k) Σ_t log π_θ^k(y_t)  −  (1/|y|_j) Σ_t log π_old^j(y_t)     each side over its own tokens
+    log ρ = ( Σ_t log π_θ^k(y_t)  −  Σ_u log π_old^j(y_u) ) / C(y)      each sum over its own tokens of y,
+                                                                        C(y) = THL chunks of y (base.cross_log_ratio)
     ρ̄     = min(ρ, c)
     l_t   = −sg[ρ̄] · A · log π_θ^k(y_t)                                          on k's tokens of y
 
@@ -39,9 +40,10 @@ class PRPConfig(BaseModel):
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
 
 
-def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_mean_logp: Tensor, c: float) -> tuple[Tensor, Tensor]:
-    """(log ρ, ρ̄) per sequence (N,): log ρ = masked mean log π_θ^k − behaviour mean log π^j; ρ̄ = min(e^{log ρ}, c)."""
-    log_rho = cross_log_ratio(logp.detach(), mask, behaviour_mean_logp)
+def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor,
+                    c: float) -> tuple[Tensor, Tensor]:
+    """(log ρ, ρ̄) per sequence (N,): log ρ = base.cross_log_ratio; ρ̄ = min(e^{log ρ}, c)."""
+    log_rho = cross_log_ratio(logp.detach(), mask, behaviour_logp, chunks)
     return log_rho, torch.exp(log_rho).clamp(max=c)
 
 
@@ -79,15 +81,16 @@ class PRP(SharingMode):
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + len(peer),
                       num_tokens=totals["num_tokens"] + sum(len(m.ids) for m, _ in peer))
-        extras = [Extra(prompt_index=m.prompt_index, ids=m.ids, advantage=a, behaviour_mean_logp=m.behaviour_mean_logp)
-                  for m, a in peer if a != 0.0]      # a zero-advantage peer adds exactly nothing
+        extras = [Extra(prompt_index=m.prompt_index, ids=m.ids, advantage=a, behaviour_logp=m.behaviour_logp,
+                        chunks=m.chunks) for m, a in peer if a != 0.0]   # a zero-advantage peer adds exactly nothing
         return Plan(advantages[own], extras=extras, totals=totals, extra_totals=totals,
                     stats={"peer_samples": len(peer), "peer_reward_disputed": disputed})
 
     def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
-        behaviour = torch.tensor([e.behaviour_mean_logp for e in extras], device=logp.device)
-        advantages = torch.tensor([e.advantage for e in extras], device=logp.device)
-        log_rho, weights = truncated_ratio(logp, mask, behaviour, self.sharing.prp.c)
+        tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731
+        log_rho, weights = truncated_ratio(logp, mask, tensor([e.behaviour_logp for e in extras]),
+                                           tensor([e.chunks for e in extras]), self.sharing.prp.c)
+        advantages = tensor([e.advantage for e in extras])
         loss = peer_rollout_loss(logp, mask, advantages, weights, self.loss.aggregation, max_tokens=max_tokens,
                                  **totals)
         return loss, {"log_rho": log_rho}
