@@ -537,6 +537,11 @@ def test_trainer_update_runs_a_plan_with_extras(tiny_trainer, name, summary):
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
     if name == "hacpo":
         assert stats["hacpo_lower_bound"] == pytest.approx(0.8)
+        # two mini-batches (prompt 0's extras at m = 0, prompt 1's at m = 1): the bound rises within the step
+        trainer.cfg.loss.mini_batches = 2
+        stats = trainer.update(batch, plan)
+        assert stats["updates"] == 2
+        assert stats["hacpo_lower_bound"] == pytest.approx((2 * 0.8 + 1 * 0.81) / 3)
 
 
 @pytest.mark.parametrize("name", ["prp", "hacpo"])

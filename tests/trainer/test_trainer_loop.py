@@ -88,6 +88,27 @@ def test_micro_batched_update_equals_the_full_batch_update(tmp_path):
     assert (grads[0] - grads[1]).abs().max() <= 1e-5 * grads[0].abs().max()
 
 
+def test_mini_batches_step_on_k_times_their_share_of_the_whole_step_loss(tmp_path):
+    """loss.mini_batches = 2 on 2 prompts: two optimizer steps; the first steps on 2·∇L_0, L_0 = prompt 0's share
+    of the whole-step loss (the same normalisers), which a full-batch step gets when prompt 1 has no advantage."""
+    def first_step_gradient(k, rewards):
+        grads = []
+        trainer = build_trainer(TrainerConfig.model_validate(tiny_config(tmp_path / f"{k}{rewards}", **{
+            "loss.mini_batches": k, "loss.aggregation": "seq-mean-token-mean", "loss.max_grad_norm": 1e9})))
+        batch = trainer.rollout(0)
+        batch.rewards = rewards
+        trainer.optimizer.step = lambda: grads.append(
+            torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+        stats = trainer.update(batch)
+        trainer.close()
+        return grads, stats
+    split, stats = first_step_gradient(2, [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    assert len(split) == 2 and stats["updates"] == 2
+    alone, stats = first_step_gradient(1, [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert len(alone) == 1 and stats["updates"] == 1
+    assert (split[0] - 2 * alone[0]).abs().max() <= 1e-5 * split[0].abs().max()
+
+
 def test_run_checkpoints_and_resumes_at_the_same_step(tmp_path):
     config = TrainerConfig.model_validate(tiny_config(tmp_path, steps=2))
     trainer = build_trainer(config)

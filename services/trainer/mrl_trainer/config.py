@@ -63,6 +63,9 @@ class LossConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0)
     updates_per_step: int = Field(1, ge=1, description="μ: optimizer updates on each batch (1: on-policy, "
                                                        "π_old = π_θ detached, no extra forward).")
+    mini_batches: int = Field(1, ge=1, description="k: optimizer steps per pass over a step's batch (its prompts "
+                                                   "split into k mini-batches; μ·k steps in all, counted by HACPO's "
+                                                   "stepwise clip). 1: one full-batch step per pass.")
     micro_batch_tokens: int = Field(8192, ge=1, description="Memory budget: most (padded) tokens in one forward/"
                                                             "backward; the batch is split, gradients accumulated.")
 

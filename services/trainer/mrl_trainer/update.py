@@ -1,19 +1,28 @@
-"""One policy update: μ optimizer steps of the sharing mode's loss on a step's own samples and its plan's extras.
+"""One policy update: μ passes over a step's own samples and its plan's extras, each pass in k mini-batches,
+one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts them, for HACPO's stepwise clip).
 
     active  = own samples with ids and (β > 0 or A_i ≠ 0)       extras = plan.extras with ids
-    own / peer Sequences, split by micro_batches(lengths, loss.micro_batch_tokens)
-    old     = π_old log-probs per own micro-batch when updates_per_step > 1 (else logp.detach())
-    for m in 0 .. μ−1:
-        Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals)    → backward
-        Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals) → backward
-        clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad
-    stats   = loss, grad_norm (before clipping), active share, extras, plan.stats, the own_loss statistics
-              (weighted by micro-batch size), sharing.summarize(the extras' per-sequence statistics)
+    mini-batches: the step's prompts in k = loss.mini_batches contiguous parts; mini-batch b holds the active
+              own samples and the extras of its prompts, split by micro_batches(lengths, loss.micro_batch_tokens)
+    old     = π_old log-probs of every own micro-batch, before the first optimizer step, when μ·k > 1
+              (else logp.detach(): on-policy, no extra forward)
+    for epoch in 0 .. μ−1, for b in 0 .. k−1 (a mini-batch with nothing to forward is skipped):
+        k · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals)  → backward
+        k · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
+        clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
+    stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
+              before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
+              statistics (weighted by micro-batch size) and sharing.summarize(the extras' per-sequence
+              statistics), both over the last pass
+
+Every normaliser in a plan is a whole-step total, so the mini-batch losses L_b of one pass sum to the
+whole-step loss L; each mini-batch steps on k·L_b, whose gradient estimates the whole-step gradient (for a
+random split of the prompts, E[k·∇L_b] = ∇L), so k only changes how many optimizer steps a step makes, not
+their scale. With k = 1 this is the plain full-batch update.
 
 With β = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the plan's
-totals stay whole), so only the others are forwarded: same update, less compute. Every normaliser is
-a whole-update total, so the micro-batch losses sum to the full-batch loss and the accumulated
-gradient equals the full-batch gradient.
+totals stay whole), so only the others are forwarded: same update, less compute. The micro-batch losses
+sum to the mini-batch loss and the accumulated gradient equals the mini-batch gradient.
 
 The model enters only through `logprobs(prompts, completions) -> (logp, mask)` (and the same for the
 frozen reference): the trainer passes its transformers model's (logprobs.completion_logprobs), the
@@ -60,59 +69,76 @@ class Sequences:
 
 @dataclass
 class _Work:
-    """What one update forwards: the active own samples and their advantages, the extras, their micro-batches."""
+    """What one update forwards: the active own samples and their advantages, the extras, and per mini-batch
+    their micro-batches (index groups into own / peer)."""
     n_samples: int
     active: list[int]
     advantages: torch.Tensor
     own: Sequences
     extras: list
     peer: Sequences
-    own_groups: list[list[int]]
-    extra_groups: list[list[int]]
+    own_groups: list[list[list[int]]]       # [mini-batch][micro-batch] → indices into own
+    extra_groups: list[list[list[int]]]     # [mini-batch][micro-batch] → indices into peer
 
 
-def _work(batch: StepBatch, plan: Plan, loss_cfg) -> _Work:
+def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
+    """`indices` by the part of the prompts each one's prompt falls in."""
+    return [[i for i in indices if prompt_of[i] in part] for part in parts]
+
+
+def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1) -> _Work:
     flat = [s for group in batch.samples for s in group]
+    flat_prompt = [p for p, group in enumerate(batch.samples) for _ in group]
     own_prompts = [group[0].prompt_ids for group in batch.samples]
     active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or plan.advantages[i] != 0)]
     extras = [e for e in plan.extras if e.ids]
     own = Sequences([flat[i].prompt_ids for i in active], [flat[i].ids for i in active])
     peer = Sequences([own_prompts[e.prompt_index] for e in extras], [e.ids for e in extras])
+    n_prompts, k = len(batch.samples), min(mini_batches, max(len(batch.samples), 1))
+    parts = [range(b * n_prompts // k, (b + 1) * n_prompts // k) for b in range(k)]
+    own_lengths, peer_lengths = own.lengths(), peer.lengths()
     budget = loss_cfg.micro_batch_tokens
+
+    def grouped(members: list[int], lengths: list[int]) -> list[list[int]]:
+        return [[members[j] for j in g] for g in micro_batches([lengths[i] for i in members], budget)]
+
+    own_parts = _split(list(range(len(active))), [flat_prompt[i] for i in active], parts)
+    peer_parts = _split(list(range(len(extras))), [e.prompt_index for e in extras], parts)
     return _Work(len(flat), active, plan.advantages[active], own, extras, peer,
-                 micro_batches(own.lengths(), budget), micro_batches(peer.lengths(), budget))
+                 [grouped(part, own_lengths) for part in own_parts], [grouped(part, peer_lengths) for part in peer_parts])
 
 
-def _backward(loss: torch.Tensor, step: int) -> float:
+def _backward(loss: torch.Tensor, scale: float, step: int) -> float:
     if not torch.isfinite(loss):
         raise TrainerError(f"non-finite loss ({loss.item()}) at step {step}: no update was "
                            f"applied; lower loss.lr or check the rewards and the model's dtype")
-    loss.backward()
+    (loss * scale if scale != 1.0 else loss).backward()
     return loss.item()
 
 
-def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, old, m: int, *, max_tokens: int,
-                reference: LogProbs | None, step: int):
-    """One pass over every micro-batch (backward on each): the loss, own-loss statistics, extras' statistics."""
+def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
+                max_tokens: int, reference: LogProbs | None, step: int, scale: float = 1.0):
+    """One pass over mini-batch b's micro-batches (backward on scale × each loss): its loss (unscaled), own-loss
+    statistics (weighted by their share of all active samples) and the extras' per-sequence statistics."""
     loss_total, sums, per_sequence = 0.0, {}, {}
-    for k, g in enumerate(work.own_groups):
+    for g in work.own_groups[b]:
         prompts, completions = work.own.take(g)
         logp, mask = logprobs(prompts, completions)
         ref = None
         if reference is not None:
             with torch.no_grad():
                 ref = reference(prompts, completions)[0]
-        loss, stats = sharing.own_loss(logp, logp.detach() if old is None else old[k],
+        loss, stats = sharing.own_loss(logp, logp.detach() if old is None else old[tuple(g)],
                                        work.advantages[g].to(logp.device), mask, ref_logp=ref,
                                        max_tokens=max_tokens, totals=plan.totals)
-        loss_total += _backward(loss, step)
+        loss_total += _backward(loss, scale, step)
         for name, value in stats.items():
             sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active)
-    for g in work.extra_groups:
+    for g in work.extra_groups[b]:
         logp, mask = logprobs(*work.peer.take(g))
         loss, stats = sharing.extra_loss(logp, mask, [work.extras[i] for i in g], update=m, max_tokens=max_tokens,
                                          totals=plan.extra_totals)
-        loss_total += _backward(loss, step)
+        loss_total += _backward(loss, scale, step)
         for name, values in stats.items():
             per_sequence.setdefault(name, []).append(values.detach().cpu())
     return loss_total, sums, per_sequence
@@ -120,39 +146,54 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
 
 def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: SharingMode, loss_cfg,
            batch: StepBatch, plan: Plan, *, max_tokens: int, reference: LogProbs | None = None) -> dict[str, float]:
-    """μ = loss_cfg.updates_per_step optimizer updates on the batch and the plan's extras; the step's statistics
-    (the last update's). {"skipped": 1, ...} and no update when nothing has a gradient."""
-    work = _work(batch, plan, loss_cfg)
+    """μ = loss_cfg.updates_per_step passes of k = loss_cfg.mini_batches optimizer steps on the batch and the
+    plan's extras; the step's statistics (the last pass's). {"skipped": 1, ...} and no update when nothing
+    has a gradient."""
+    k = loss_cfg.mini_batches
+    work = _work(batch, plan, loss_cfg, k)
     if not work.active and not work.extras:
         return {"skipped": 1.0, "extras": 0, **plan.stats}
+    scale = float(len(work.own_groups))           # k, or the number of prompts when there are fewer
     old = None
-    if loss_cfg.updates_per_step > 1:
+    if loss_cfg.updates_per_step * scale > 1:
         with torch.no_grad():
-            old = [logprobs(*work.own.take(g))[0] for g in work.own_groups]
-    for m in range(loss_cfg.updates_per_step):
-        loss_total, sums, per_sequence = _accumulate(logprobs, sharing, plan, work, old, m, max_tokens=max_tokens,
-                                                     reference=reference, step=batch.step)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm)
-        if not torch.isfinite(grad_norm):
+            old = {tuple(g): logprobs(*work.own.take(g))[0] for part in work.own_groups for g in part}
+    m = 0
+    for _ in range(loss_cfg.updates_per_step):
+        loss_total, sums, per_sequence = 0.0, {}, {}
+        for b in range(len(work.own_groups)):
+            if not work.own_groups[b] and not work.extra_groups[b]:
+                continue
+            loss_b, sums_b, per_sequence_b = _accumulate(logprobs, sharing, plan, work, b, old, m,
+                                                         max_tokens=max_tokens, reference=reference,
+                                                         step=batch.step, scale=scale)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                optimizer.zero_grad(set_to_none=True)
+                raise TrainerError(f"non-finite gradient norm at step {batch.step}: no update was applied")
+            optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            raise TrainerError(f"non-finite gradient norm at step {batch.step}: no update was applied")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            m += 1
+            loss_total += loss_b
+            for name, value in sums_b.items():
+                sums[name] = sums.get(name, 0.0) + value
+            for name, values in per_sequence_b.items():
+                per_sequence.setdefault(name, []).extend(values)
     if per_sequence:
-        sums.update(sharing.summarize({k: torch.cat(v) for k, v in per_sequence.items()}))
+        sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
-            "extras": len(work.extras), **plan.stats, **sums}
+            "extras": len(work.extras), "updates": m, **plan.stats, **sums}
 
 
 def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMode, loss_cfg, batch: StepBatch,
              plan: Plan, *, max_tokens: int, reference: LogProbs | None = None) -> torch.Tensor:
-    """ĝ = ∇_θ of the update's first pass (m = 0), before clipping, flattened (float64); zeros when nothing
-    is forwarded. No optimizer step; the parameters' gradients are cleared before and after."""
+    """ĝ = ∇_θ of the whole-step loss (one mini-batch, m = 0), before clipping, flattened (float64); zeros when
+    nothing is forwarded. No optimizer step; the parameters' gradients are cleared before and after."""
     work = _work(batch, plan, loss_cfg)
     for p in params:
         p.grad = None
     if work.active or work.extras:
-        _accumulate(logprobs, sharing, plan, work, None, 0, max_tokens=max_tokens, reference=reference,
+        _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
                     step=batch.step)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
