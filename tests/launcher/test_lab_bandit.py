@@ -88,3 +88,25 @@ def test_the_sweep_moves_one_axis_at_a_time_around_the_default_point():
     assert points[0] == Point() and len(set(points)) == len(points) == 10
     for p in points[1:]:
         assert sum(getattr(p, f) != getattr(Point(), f) for f in Point.__dataclass_fields__) == 1
+
+
+def test_mode_variants_are_specs_of_a_modes_own_fields():
+    from mrl.errors import FailedPrecondition
+    from mrl_launcher.lab.run import mode_config
+    assert mode_config("xgrpo").xgrpo.uniform_groups == "pooled"
+    assert mode_config("xgrpo:uniform_groups=zero").xgrpo.uniform_groups == "zero"
+    cfg = mode_config("sgt:normalize=prompts:lam=0.2", max_staleness=2)
+    assert (cfg.mode, cfg.sgt.normalize, cfg.sgt.lam, cfg.max_staleness) == ("sgt", "prompts", 0.2, 2)
+    for bad, match in (("bogus", "unknown sharing mode"), ("sgt:lam", "mode:field=value"),
+                       ("sgt:lambda=1", "not a valid sgt variant"), ("sgt:lam=-1", "not a valid sgt variant")):
+        with pytest.raises(FailedPrecondition, match=match):
+            mode_config(bad)
+
+
+def test_a_variant_runs_under_its_own_name():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main([*ARGS, "--seeds", "2", "--modes", "none,xgrpo:uniform_groups=zero"])
+    modes = json.loads(out.getvalue().strip().splitlines()[-1])["points"][0]["modes"]
+    assert set(modes) == {"none", "xgrpo:uniform_groups=zero"}
+    assert "xgrpo_uniform" in modes["xgrpo:uniform_groups=zero"]["stats"]

@@ -123,6 +123,18 @@ def test_xgrpo_without_peer_stats_is_grpo():
                        plan_of(mode("none"), batch).advantages)
 
 
+def test_xgrpo_uniform_groups_pooled_pushes_an_all_failed_group_down_and_zero_leaves_it():
+    """Own group 0 all failed, a peer succeeded on it; own group 1 has a spread."""
+    batch = make_batch([[0, 0, 0, 0], [0, 1, 1, 0]])
+    peers = PeerBatch(group_rewards={0: [1, 1, 0, 0], 1: [1, 1, 1, 1]})
+    pooled = plan_of(mode("xgrpo"), batch, peers)
+    assert bool((pooled.advantages[:4] < 0).all()) and pooled.stats["xgrpo_uniform"] == 1
+    zero = plan_of(mode("xgrpo", xgrpo={"uniform_groups": "zero"}), batch, peers)
+    assert torch.equal(zero.advantages[:4], torch.zeros(4)) and zero.stats["xgrpo_uniform"] == 1
+    assert torch.equal(zero.advantages[4:], pooled.advantages[4:])        # a group with a spread: as pooled
+    assert plan_of(mode("xgrpo"), batch, PeerBatch()).stats["xgrpo_uniform"] == 0    # no pool: GRPO's zeros
+
+
 def test_xgrpo_gradient_comes_only_from_own_samples():
     batch, peers = _xgrpo_case()
     m = mode("xgrpo", LossConfig(aggregation="token-mean"))
@@ -164,7 +176,7 @@ def test_sgt_rescues_one_verified_success_per_prompt_with_lambda_nll():
     sgt = mode("sgt", sgt={"lam": 0.1})
     plan = plan_of(sgt, batch, peers)
     assert plan.extras == [Extra(prompt_index=0, ids=first.ids), Extra(prompt_index=2, ids=peers.successes[2][0].ids)]
-    assert plan.extra_totals == {"num_rescued": 2}
+    assert plan.extra_totals == {"nll_divisor": 2}
     assert plan.stats == {"sgt_rescued": 2, "sgt_accepted": 3, "sgt_rejected": 0}
     assert torch.equal(plan.advantages, plan_of(mode("none"), batch).advantages)   # own part: GRPO
     logp, mask = rows([[-0.5, -1.0, -1.5], [-2.0, -2.0, -2.0, -2.0]])
@@ -178,11 +190,25 @@ def test_sgt_rescues_one_verified_success_per_prompt_with_lambda_nll():
     assert sgt.summarize({"sgt_nll": stats["sgt_nll"]}) == {"sgt_nll": 1.5}
 
 
+def test_sgt_normalize_prompts_weighs_the_nll_by_how_much_was_rescued():
+    """Three prompts, one rescued: 'responses' gives the rescued NLL the full λ, 'prompts' λ/3."""
+    batch = make_batch([[0, 0], [1, 0], [1, 1]])
+    peers = PeerBatch(successes={0: [peer(0, 2, 1.0, text="a0")]})
+    logp, mask = rows([[-0.2, -0.4]])
+    losses = {}
+    for normalize in ("responses", "prompts"):
+        sgt = mode("sgt", sgt={"normalize": normalize})
+        plan = plan_of(sgt, batch, peers)
+        losses[normalize] = sgt.extra_loss(logp, mask, plan.extras, update=0, max_tokens=8,
+                                           totals=plan.extra_totals)[0].item()
+    assert losses["responses"] == pytest.approx(0.1 * 0.3) and losses["prompts"] == pytest.approx(0.1 * 0.3 / 3)
+
+
 def test_sgt_single_rescue_has_per_prompt_one():
     batch = make_batch([[0, 0]])
     peers = PeerBatch(successes={0: [peer(0, 2, 1.0, text="a0"), peer(0, 3, 1.0, text="a0")]})
     plan = plan_of(mode("sgt"), batch, peers)
-    assert len(plan.extras) == 1 and plan.extra_totals == {"num_rescued": 1}
+    assert len(plan.extras) == 1 and plan.extra_totals == {"nll_divisor": 1}
     logp, mask = rows([[-0.2, -0.4]])
     loss, _ = mode("sgt").extra_loss(logp, mask, plan.extras, update=0, max_tokens=8, totals=plan.extra_totals)
     assert math.isclose(loss.item(), 0.1 * 0.3, rel_tol=1e-12)        # λ = 0.1 by default
@@ -527,7 +553,7 @@ def test_trainer_update_runs_a_plan_with_extras(tiny_trainer, name, summary):
     extras = [Extra(prompt_index=i % len(batch.problems), ids=ids, advantage=0.5 - i,
                     behaviour_logp=-8.0 * len(ids), chunks=len(ids), weight=1.0) for i, ids in enumerate(extra_ids)]
     totals = {"num_sequences": n + 3, "num_tokens": sum(len(s.ids) for s in own) + 6}
-    extra_totals = {"num_rescued": 3} if name == "sgt" else totals
+    extra_totals = {"nll_divisor": 3} if name == "sgt" else totals
     plan = Plan(advantages=torch.linspace(-1, 1, n), extras=extras, totals=totals, extra_totals=extra_totals,
                 stats={"peer_samples": 3})
     before = [p.detach().clone() for p in trainer.model.parameters()]

@@ -12,7 +12,8 @@ def bandit(parser):
                                                              "a time (gap, overlap, staleness, tokenizers, G)")
     parser.add_argument("--quick", action="store_true", help="a tiny run (3 seeds, 6 steps, 6 contexts): for tests")
     parser.add_argument("--seeds", type=int, help="seeds per mode and point (default 30; --quick 3)")
-    parser.add_argument("--modes", help="comma-separated sharing modes (default: every registered mode)")
+    parser.add_argument("--modes", help="comma-separated sharing modes or variants, mode:field=value[:…] (e.g. "
+                                        "xgrpo:uniform_groups=zero; default: every registered mode)")
     parser.add_argument("--workers", type=int, default=default_workers(), help="processes (default: every core)")
     parser.add_argument("--out", help="write bandit.json, tradeoff.png, curves.png and report.md here")
     axes = parser.add_argument_group("the point (with --sweep: the point the sweep varies around)")

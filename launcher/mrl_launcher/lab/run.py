@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import yaml
+from pydantic import ValidationError
 
 from mrl.errors import FailedPrecondition
 from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
@@ -51,7 +53,7 @@ from mrl_trainer.update import gradient, update
 from mrl_trainer.peers import Retokenizer
 from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Verifier, make_sharing, sharing_config
 
-__all__ = ["POLICIES", "profiles", "run_one", "run_points"]
+__all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points"]
 
 POLICIES = ("a", "b")
 
@@ -207,14 +209,35 @@ def _summary(records: list[dict], cumulative: frozenset) -> dict:
     return {key: (sum(v) if key in cumulative else sum(v) / len(v)) for key, v in values.items()}
 
 
+def mode_config(spec: str, **common):
+    """A mode spec → its validated `sharing:` section. A spec is a registered mode (`xgrpo`) or a variant of
+    one, `mode:field=value[:field=value …]` with fields of the mode's own section (`xgrpo:uniform_groups=zero`,
+    `sgt:normalize=prompts:lam=0.2`; values read as YAML). FailedPrecondition on a bad spec."""
+    mode, *fields = spec.split(":")
+    if mode not in SHARING_MODES:
+        raise FailedPrecondition(f"unknown sharing mode {mode!r} in {spec!r}; registered: {', '.join(SHARING_MODES)}")
+    section = {}
+    for field in fields:
+        key, sep, value = field.partition("=")
+        if not sep or not key:
+            raise FailedPrecondition(f"{spec!r}: a variant is mode:field=value[:field=value …], not {field!r}")
+        section[key] = yaml.safe_load(value)
+    try:
+        return sharing_config(mode=mode, **({mode: section} if section else {}), **common)
+    except ValidationError as exc:
+        raise FailedPrecondition(f"{spec!r} is not a valid {mode} variant: {exc.errors()[0]['msg']} "
+                                 f"(at {'.'.join(map(str, exc.errors()[0]['loc']))})") from exc
+
+
 def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
-    """One seed of one mode at one point: curves, rewards, statistics and gradient probes of both policies."""
+    """One seed of one mode (a spec: mode_config) at one point: curves, rewards, statistics and gradient probes
+    of both policies."""
     cpu = time.process_time()
     tokenizer_ids = point.tokenizers.split("/")
     vocabs = _vocabs(point.tokenizers)
     bandit = Bandit(settings.contexts, seed)
     loss = LossConfig(lr=settings.lr, micro_batch_tokens=settings.micro_batch_tokens)
-    cfg = sharing_config(mode=mode, max_staleness=max(1, point.staleness))
+    cfg = mode_config(mode, max_staleness=max(1, point.staleness))
     window = cfg.hacpo.window
     pols = []
     for k, (name, tid, profile) in enumerate(zip(POLICIES, tokenizer_ids, profiles(point, settings, seed))):
@@ -247,7 +270,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
             k.batch_rewards = (k.batch_rewards + [sum(map(sum, batch.rewards)) / n])[-window:]
             k.rollouts_total += n
             k.history.append((t, k.model.W.detach().clone(), list(k.batch_rewards)))
-        published = [_published(k, b, problems, point, t, peer_gen, window) if mode != "none" else []
+        published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" else []
                      for k, b in zip(pols, batches)]
         for i, k in enumerate(pols):
             peers, peer_stats, plan = _plan(k, batches[i], published[1 - i], t, k.batch_rewards, window,
@@ -255,7 +278,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
             stats = update(k.model.completion_logprobs, list(k.model.parameters()), k.optimizer, k.sharing, loss,
                            batches[i], plan, max_tokens=settings.max_new_tokens)
             record = {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
-            if mode == "xgrpo":
+            if cfg.mode == "xgrpo":
                 record.update(_baseline_shift(batches[i], peers))
             k.records.append(record)
     out = {"mode": mode, "seed": seed, "eval_steps": eval_steps, "cpu_s": time.process_time() - cpu,
@@ -284,9 +307,8 @@ def _work(task):
 def run_points(points: list[Point], settings: Settings, modes: list[str], seeds: list[int], workers: int,
                on_point=lambda index, runs: None) -> list[dict]:
     """Every (point, mode, seed), `workers` processes; on_point(index, {mode: [runs by seed]}) as each point ends."""
-    unknown = [m for m in modes if m not in SHARING_MODES]
-    if unknown:
-        raise FailedPrecondition(f"unknown sharing mode(s) {unknown}; registered: {', '.join(SHARING_MODES)}")
+    for m in modes:
+        mode_config(m)            # fail early on a bad spec
     for p in points:
         _vocabs(p.tokenizers)     # fail early on a missing tokenizer
     tasks = [(i, p, settings, m, s) for i, p in enumerate(points) for s in seeds for m in modes]

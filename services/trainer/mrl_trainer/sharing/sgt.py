@@ -6,13 +6,22 @@ verifier — a peer's claimed reward is never trusted — and keeps at most `per
 successes per rescued prompt. The loss is GRPO on own samples plus λ·NLL of the rescued
 responses in k's own tokens (THL-retokenized):
 
-    L = L_GRPO(own) + λ · (1/|S|) Σ_{y ∈ S} (1/|y|) Σ_t −log π_θ^k(y_t | x, y_<t)
+    L = L_GRPO(own) + λ · (1/N) Σ_{y ∈ S} (1/|y|) Σ_t −log π_θ^k(y_t | x, y_<t)
 
-where S is the accepted rescue set of the step (λ = 0.1 by default). With S empty (every own
-group had a success, or every peer success failed re-verification) L = L_GRPO exactly.
+where S is the accepted rescue set of the step (λ = 0.1 by default) and N, by `normalize`:
+
+    responses   N = |S|: the mean NLL of the rescued responses (the paper). The term weighs λ whether
+                one response was rescued or eight.
+    prompts     N = P, the step's prompts: the term grows with how much was rescued (λ when every
+                prompt of the step had a rescued response).
+
+With S empty (every own group had a success, or every peer success failed re-verification)
+L = L_GRPO exactly.
 Stats: sgt_rescued (prompts rescued), sgt_accepted, sgt_rejected (peer successes that failed
 re-verification: a poisoned or differently-scored peer), sgt_nll.
 """
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
@@ -29,11 +38,14 @@ class SGTConfig(BaseModel):
     per_prompt: int = Field(1, ge=1, description="Most accepted peer successes used per rescued prompt.")
     tau: float = Field(0.0, ge=0, le=1, description="Gate: rescue a prompt when the own success rate is ≤ τ "
                                                     "(0: only when the whole own group failed).")
+    normalize: Literal["responses", "prompts"] = Field(
+        "responses", description="The NLL's divisor N: 'responses' = the rescued responses (a mean: λ however "
+                                 "many), 'prompts' = the step's prompts (grows with what was rescued).")
 
 
-def rescue_nll(logp: Tensor, mask: Tensor, lam: float, num_rescued: int) -> Tensor:
-    """λ · Σ_y [(1/|y|) Σ_t −log π_θ(y_t)] / |S| over this micro-batch's rescued responses (|S| = the step's)."""
-    return lam * (-masked_seq_mean(logp, mask)).sum() / max(num_rescued, 1)
+def rescue_nll(logp: Tensor, mask: Tensor, lam: float, divisor: int) -> Tensor:
+    """λ · Σ_y [(1/|y|) Σ_t −log π_θ(y_t)] / N over this micro-batch's rescued responses (N: the step's divisor)."""
+    return lam * (-masked_seq_mean(logp, mask)).sum() / max(divisor, 1)
 
 
 class SGT(SharingMode):
@@ -64,10 +76,11 @@ class SGT(SharingMode):
                     rejected += 1
             rescued += bool(kept)
             plan.extras += kept
-        plan.extra_totals = {"num_rescued": len(plan.extras)}
+        divisor = len(plan.extras) if cfg.normalize == "responses" else len(batch.rewards)
+        plan.extra_totals = {"nll_divisor": divisor}
         plan.stats.update(sgt_rescued=rescued, sgt_accepted=accepted, sgt_rejected=rejected)
         return plan
 
     def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
-        loss = rescue_nll(logp, mask, self.sharing.sgt.lam, totals["num_rescued"])
+        loss = rescue_nll(logp, mask, self.sharing.sgt.lam, totals["nll_divisor"])
         return loss, {"sgt_nll": -masked_seq_mean(logp.detach(), mask)}

@@ -9,10 +9,22 @@ k's own samples only, so the actor keeps its on-policy support:
     loss   = the trainer's GRPO-family loss over own samples with A^k
 
 A pool whose rewards are all equal gives A = 0 (as GRPO). Without peer stats for x it is GRPO.
-Stats: xgrpo_pooled = mean pool size per prompt.
+
+An own group whose rewards are all equal (all failed, or all succeeded) while the peers' differ gets
+the same advantage for every sample: all failed and a peer succeeded → every own sample is pushed
+down, away from everything k sampled, with no direction toward anything. `uniform_groups` chooses:
+
+    pooled   A_i^k as above (the paper)
+    zero     such a group keeps A = 0, as GRPO gives it: the pooled baseline only re-centres own groups
+             with a spread of rewards
+
+Stats: xgrpo_pooled = mean pool size per prompt; xgrpo_uniform = own groups with equal rewards whose
+pooled advantage is not 0 (pushed all one way under "pooled", zeroed under "zero").
 """
+from typing import Literal
+
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages
@@ -22,12 +34,17 @@ __all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
 
 
 class XGRPOConfig(BaseModel):
-    """XGRPO has no knobs."""
     model_config = ConfigDict(extra="forbid")
+    uniform_groups: Literal["pooled", "zero"] = Field(
+        "pooled", description="An own group whose rewards are all equal: 'pooled' scores it against the pooled "
+                              "baseline (the paper: all failed → every sample pushed down); 'zero' keeps A = 0 "
+                              "as GRPO does.")
 
 
-def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scale: bool) -> torch.Tensor:
-    """A^k (P·G,) of own samples against a baseline pooled with the peers' rewards for the same prompt."""
+def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scale: bool,
+                      uniform_groups: str = "pooled") -> tuple[torch.Tensor, int]:
+    """A^k (P·G,) of own samples against a baseline pooled with the peers' rewards for the same prompt, and the
+    number of own groups with equal rewards whose pooled advantage is not 0."""
     rewards, groups, is_own = [], [], []
     for p, group in enumerate(own):
         pool = [*group, *peer.get(p, [])]
@@ -35,7 +52,16 @@ def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scal
         groups += [p] * len(pool)
         is_own += [True] * len(group) + [False] * (len(pool) - len(group))
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(groups), scale=scale)
-    return advantages[torch.tensor(is_own)]
+    advantages = advantages[torch.tensor(is_own)]
+    uniform, start = 0, 0
+    for group in own:
+        part = advantages[start:start + len(group)]
+        if len(set(group)) == 1 and bool((part != 0).any()):
+            uniform += 1
+            if uniform_groups == "zero":
+                part.zero_()
+        start += len(group)
+    return advantages, uniform
 
 
 class XGRPO(SharingMode):
@@ -43,11 +69,13 @@ class XGRPO(SharingMode):
     title = "XGRPO — Cross-Policy GRPO Advantage Sharing"
     kinds = ("group_stats",)
     Config = XGRPOConfig
-    stats = {"xgrpo_pooled": "rewards in XGRPO pooled baseline"}
+    stats = {"xgrpo_pooled": "rewards in XGRPO pooled baseline",
+             "xgrpo_uniform": "XGRPO own groups of equal rewards moved by the pool"}
     figures = {"exchange": ("xgrpo_pooled",)}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
-        advantages = pooled_advantages(batch.rewards, peers.group_rewards, self.loss.scale_rewards)
+        advantages, uniform = pooled_advantages(batch.rewards, peers.group_rewards, self.loss.scale_rewards,
+                                                self.sharing.xgrpo.uniform_groups)
         pooled = sum(len(g) + len(peers.group_rewards.get(p, [])) for p, g in enumerate(batch.rewards))
         return Plan(advantages, totals=self.own_totals(batch),
-                    stats={"xgrpo_pooled": pooled / max(len(batch.rewards), 1)})
+                    stats={"xgrpo_pooled": pooled / max(len(batch.rewards), 1), "xgrpo_uniform": uniform})
