@@ -14,7 +14,10 @@ problems both resampled; 95%, percentile):
     final_accuracy, final_ci    mean of X at the last eval point, and its interval
     finals                      each seed's final accuracy
     delta_baseline, _ci         mean of X_mode − X_baseline at the last eval point (same seed, same problem),
-                                and its interval: the paired difference to solo when the baseline is "none"
+                                and its interval: the paired difference to solo when the baseline is "none";
+                                only when both last evals are at the same step (not for the baseline itself)
+    delta_baseline_seeds_ci     the 95% t-interval of the per-seed mean differences (seeds only; wider than
+                                the bootstrap's seed axis with few seeds, which resampling 3 seeds understates)
     curve                       per eval point: rollouts consumed (mean over seeds), mean, lo, hi
     target_accuracy             the baseline's final_accuracy
     rollouts_to_baseline        the rollouts of the mode's first curve point whose mean >= target (within
@@ -33,7 +36,7 @@ import pathlib
 import numpy as np
 
 from mrl_launcher.errors import LauncherError
-from mrl_launcher.intervals import crossed_bootstrap
+from mrl_launcher.intervals import crossed_bootstrap, mean_ci
 from mrl_trainer.metrics import read_metrics
 
 __all__ = ["PolicyRun", "load_policy_run", "load_run", "load_runs", "load_seeds", "compare", "compare_loaded",
@@ -123,22 +126,26 @@ def _has_outcomes(run: PolicyRun) -> bool:
                and len(r["eval_correct"]) == len(r["eval_prompt_ids"]) > 0 for r in run.evals)
 
 
-def _matrices(by_seed: list[PolicyRun], per_problem: bool, ids: list[str] | None) -> list[np.ndarray]:
-    """One seeds × problems matrix per eval point that every seed reached; every point must have scored the
-    problems `ids` (default: the first seed's first), in that order, or the runs are not paired."""
+def _matrices(by_seed: list[PolicyRun], per_problem: bool, ids: list[str]) -> tuple[list[int], list[np.ndarray]]:
+    """(eval steps, one seeds × problems matrix per eval step). Every seed must have evaluated at the same steps,
+    and every eval must have scored the problems `ids` in that order, or the runs are not paired."""
     outcomes = [_outcomes(run, per_problem) for run in by_seed]
-    ids = outcomes[0][0][0] if ids is None else ids
+    steps = [r["step"] for r in by_seed[0].evals]
     for run, o in zip(by_seed, outcomes):
+        if [r["step"] for r in run.evals] != steps:
+            mine = [r["step"] for r in run.evals]
+            raise LauncherError(f"{run.path}: policy {run.policy!r} evaluated at steps {mine}, {by_seed[0].path} at "
+                                f"{steps}: the seeds of a mode must run the same budget")
         for k, (scored, _) in enumerate(o):
             if scored != ids:
                 raise LauncherError(f"{run.path}: eval {k} of policy {run.policy!r} scored other problems than "
                                     f"{by_seed[0].path}: a paired comparison needs the same eval problems (the same "
                                     "task, task.seed and eval.problems) in every run")
-    points = min(len(o) for o in outcomes)
-    return [np.array([o[k][1] for o in outcomes]) for k in range(points)]
+    return steps, [np.array([o[k][1] for o in outcomes]) for k in range(len(steps))]
 
 
 def _entry(by_seed: list[PolicyRun], mats: list[np.ndarray], base_final: np.ndarray | None) -> dict:
+    """One mode's figures; `base_final`: the baseline's final matrix, when the two are paired at that step."""
     rollouts = [round(sum(r.evals[k].get("rollouts_total") or 0 for r in by_seed) / len(by_seed))
                 for k in range(len(mats))]
     band = [crossed_bootstrap(m) for m in mats]
@@ -150,8 +157,10 @@ def _entry(by_seed: list[PolicyRun], mats: list[np.ndarray], base_final: np.ndar
              "curve": {"rollouts": rollouts, "mean": [b[0] for b in band], "lo": [b[1] for b in band],
                        "hi": [b[2] for b in band]}}
     if base_final is not None:     # paired: the same seeds (rows) and problems (columns), _matrices checked
-        d, dlo, dhi = crossed_bootstrap(mats[-1] - base_final)
-        entry.update(delta_baseline=d, delta_baseline_ci=[dlo, dhi])
+        diff = mats[-1] - base_final
+        d, dlo, dhi = crossed_bootstrap(diff)
+        _, tlo, thi = mean_ci([float(row.mean()) for row in diff])
+        entry.update(delta_baseline=d, delta_baseline_ci=[dlo, dhi], delta_baseline_seeds_ci=[tlo, thi])
     return entry
 
 
@@ -166,7 +175,7 @@ def compare_loaded(loaded: dict[str, dict[str, dict[str, PolicyRun]]], baseline:
     seeds = list(loaded)
     modes = list(loaded[seeds[0]])
     for label in seeds:
-        if list(loaded[label]) != modes:
+        if set(loaded[label]) != set(modes):
             raise LauncherError(f"seed {label!r} ran modes {list(loaded[label])}, seed {seeds[0]!r} {modes}: "
                                 "every seed must run the same modes")
     policies = list(dict.fromkeys(p for mode in [baseline, *modes] for p in loaded[seeds[0]][mode]))
@@ -179,9 +188,13 @@ def compare_loaded(loaded: dict[str, dict[str, dict[str, PolicyRun]]], baseline:
         per_problem = all(_has_outcomes(run) for by_seed in runs.values() for run in by_seed)
         first = runs.get(baseline, next(iter(runs.values())))[0]
         ids = _outcomes(first, per_problem)[0][0]
-        mats = {mode: _matrices(by_seed, per_problem, ids) for mode, by_seed in runs.items()}
-        base_final = mats[baseline][-1] if baseline in mats else None
-        entries = {mode: _entry(runs[mode], mats[mode], base_final) for mode in runs}
+        evals = {mode: _matrices(by_seed, per_problem, ids) for mode, by_seed in runs.items()}
+        base_steps, base_mats = evals.get(baseline, (None, None))
+
+        def paired_base(mode):       # the baseline's final matrix, if this mode's final eval is at the same step
+            steps = evals[mode][0]
+            return base_mats[-1] if mode != baseline and base_steps and steps[-1] == base_steps[-1] else None
+        entries = {mode: _entry(runs[mode], evals[mode][1], paired_base(mode)) for mode in runs}
         target = entries[baseline]["final_accuracy"] if baseline in entries else None
         base_to = _rollouts_to(entries[baseline]["curve"], target) if baseline in entries else None
         for entry in entries.values():

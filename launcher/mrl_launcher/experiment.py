@@ -26,6 +26,7 @@ from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.report import write_compare_report
 from mrl_launcher.analysis import compare
 from mrl_launcher.topology import run_topology, stop_on_signals
+from mrl_serving.registry import installed_services
 from mrl_trainer.sharing import SHARING_MODES
 
 __all__ = ["run_compare", "default_parallel"]
@@ -44,6 +45,9 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     unknown = [m for m in modes if m not in SHARING_MODES]
     if unknown or "none" not in modes:
         raise LauncherError(f"modes {modes} must include 'none' (the baseline) and be among {list(SHARING_MODES)}")
+    for what, values in (("modes", modes), ("seeds", seeds or [])):
+        if len(set(values)) != len(values):
+            raise LauncherError(f"{what} {values} name one twice: each run needs its own data folder and run id")
     if parallel is not None and parallel < 1:
         raise LauncherError(f"--parallel {parallel}: run at least one run at a time")
     config = yaml.safe_load(path.read_text()) or {}
@@ -72,6 +76,9 @@ def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out:
         raise RunFailed(f"stopped before mode {mode}, seed {label}; runs so far are under {out}")
     run = {**config, "data_dir": str(out / label / mode), "run_id": f"{config.get('run_id', 'compare')}-{mode}-{label}"}
     run.pop("report", None)
+    for name in installed_services():     # free ports: runs go in parallel, and beside anything already serving
+        if run.get(name, {}) is not None:
+            run[name] = {**(run.get(name) or {}), "port": 0, "admin_port": 0}
     print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
     extra = {"sharing.mode": mode, **({} if seed is None else {"seed": seed})}
     results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra}, cpus=cpus)

@@ -149,10 +149,11 @@ def write_compare_report(seeds: dict[str, dict[str, list[str | Path]]], out_dir:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     header = ["policy", "mode", "steps", "rollouts consumed", "final accuracy [95%]", f"Δ vs {baseline} [95%]",
-              "rollouts to baseline", "ratio to baseline"]
+              "Δ [95% t, seeds only]", "rollouts to baseline", "ratio to baseline"]
     rows = [[policy, mode, s["steps"], s["rollouts_total"],
              f"{s['final_accuracy']:.3f} [{s['final_ci'][0]:.3f}, {s['final_ci'][1]:.3f}]",
              _interval(s.get("delta_baseline"), s.get("delta_baseline_ci")),
+             _interval(s.get("delta_baseline"), s.get("delta_baseline_seeds_ci")),
              s["rollouts_to_baseline"], s["ratio_to_baseline"]]
             for policy, entry in result["policies"].items() for mode, s in entry.items()]
     figures = []
@@ -165,7 +166,8 @@ def write_compare_report(seeds: dict[str, dict[str, list[str | Path]]], out_dir:
                                     "accuracy; a star where a mode's mean first reaches it."))
     body = (f"<p>{len(result['seeds'])} seed(s): {html.escape(', '.join(result['seeds']))}; baseline mode: "
             f"<b>{html.escape(baseline)}</b>. Δ = the paired difference of final held-out accuracy to the "
-            "baseline (same seed, same eval problem), with its 95% bootstrap interval. rollouts to baseline = "
+            "baseline (same seed, same eval problem), with its 95% bootstrap interval, and the t-interval of the "
+            "per-seed differences (wider with few seeds, whose spread resampling understates). rollouts to baseline = "
             "the rollouts at a mode's first eval point whose mean accuracy ≥ the baseline's final (— if never); "
             "ratio = that over the baseline's own. <a href=\"compare.json\">compare.json</a></p>"
             + "<h2>Comparison</h2>" + _table(header, rows) + "".join(figures))

@@ -119,7 +119,7 @@ def test_compare_numbers(tmp_path):
     assert set(qwen) == set(llama) == {"none", "prp", "sgt"}
     assert (qwen["none"]["final_accuracy"], qwen["none"]["rollouts_total"],
             qwen["none"]["rollouts_to_baseline"], qwen["none"]["ratio_to_baseline"]) == (0.5, 96, 96, 1.0)
-    assert qwen["none"]["final_ci"] == [0.5, 0.5] and qwen["none"]["delta_baseline"] == 0.0  # one seed, one value
+    assert qwen["none"]["final_ci"] == [0.5, 0.5] and "delta_baseline" not in qwen["none"]  # one seed, one value
     assert qwen["none"]["curve"] == {"rollouts": [0, 32, 64, 96], "mean": [0.2, 0.3, 0.4, 0.5],
                                      "lo": [0.2, 0.3, 0.4, 0.5], "hi": [0.2, 0.3, 0.4, 0.5]}
     assert (qwen["prp"]["final_accuracy"], qwen["prp"]["rollouts_to_baseline"]) == (0.6, 64)
@@ -176,6 +176,7 @@ def test_compare_over_seeds_pairs_modes_by_seed_and_problem(tmp_path):
     assert prp["final_accuracy"] == pytest.approx(0.5) and prp["delta_baseline"] == pytest.approx(0.1)
     lo, hi = prp["delta_baseline_ci"]
     assert 0 < lo < 0.1 < hi                      # paired: a consistent gain shows despite the seed spread
+    assert prp["delta_baseline_seeds_ci"] == pytest.approx([0.1, 0.1])     # +4 of 40 in every seed
     assert prp["final_ci"][0] < 0.3 and prp["final_ci"][1] > 0.7 - 0.05   # unpaired, the spread dominates
     assert prp["rollouts_to_baseline"] == 32 and prp["ratio_to_baseline"] == 1.0
     assert none["curve"]["mean"][0] == pytest.approx(0.1) and none["curve"]["lo"][0] < 0.1 < none["curve"]["hi"][0]
@@ -189,6 +190,12 @@ def test_compare_refuses_unpaired_runs(tmp_path):
         compare(seeds)
     seeds["s1"] = {"none": seeds["s0"]["none"]}
     with pytest.raises(LauncherError, match="every seed must run the same modes"):
+        compare(seeds)
+    del seeds["s1"]
+    seeds["s0"]["prp"] = [_scored(tmp_path / "c.jsonl", "qwen", "prp", [4, 8])]
+    seeds["s1"] = {"none": [_scored(tmp_path / "d.jsonl", "qwen", "none", [4, 8, 8])],
+                   "prp": [_scored(tmp_path / "e.jsonl", "qwen", "prp", [4, 8])]}
+    with pytest.raises(LauncherError, match="same budget"):        # another seed evaluated at other steps
         compare(seeds)
 
 
@@ -204,9 +211,10 @@ def test_write_compare_report(tmp_path):
     assert len(pngs) == 2 and all(f'src="{name}"' in page for name in pngs)
     assert "q&lt;w&gt;en" in page and "q<w>en" not in page and "llama" in page
     assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600 [0.600, 0.600]</td>" \
-           "<td>+0.100 [+0.100, +0.100]</td><td>64</td><td>0.667</td></tr>" in page
+           "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>64</td><td>0.667</td></tr>" in page
     assert "<td>sgt</td><td>6</td><td>96</td><td>0.450 [0.450, 0.450]</td><td>-0.050 [-0.050, -0.050]</td>" \
-           "<td>—</td><td>—</td></tr>" in page
+           "<td>-0.050</td><td>—</td><td>—</td></tr>" in page
+    assert "<td>llama</td><td>sgt</td><td>8</td><td>128</td><td>0.300 [0.300, 0.300]</td><td>—</td>" in page
 
 
 def test_errors(tmp_path):

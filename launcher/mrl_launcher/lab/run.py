@@ -32,6 +32,7 @@ weight `overlap` and signed ("+37") otherwise, so `overlap` is how much of b's a
 a's policy puts its own (and the reverse).
 """
 import collections
+import copy
 import multiprocessing
 import time
 from dataclasses import dataclass, field
@@ -180,11 +181,15 @@ def _baseline_shift(batch: StepBatch, peers: PeerBatch) -> dict:
 
 def _probe(pols: list, k: int, problems_of, point: Point, settings: Settings, loss: LossConfig, t: int, seed: int,
            window: int, max_staleness: int) -> dict:
-    """tr Cov and ‖mean‖² of policy k's update gradient over R fresh batches at its current parameters."""
-    me, peer = pols[k], pols[1 - k]
+    """tr Cov and ‖mean‖² of policy k's update gradient over R fresh batches at its current parameters. Each
+    batch is planned by a copy of k's sharing mode, so a mode's state (HACPO's capability window) never sees
+    the probes."""
+    peer = pols[1 - k]
     gen = np.random.default_rng([seed, 23, t, k])
     grads = []
     for r in range(settings.probes):
+        me = copy.copy(pols[k])
+        me.sharing = copy.deepcopy(me.sharing)
         problems = problems_of(t * 1_000 + 500 + r)
         batch = _rollout(me.model, problems, point.group_size, gen, t)
         rewards = me.batch_rewards + [sum(map(sum, batch.rewards)) / (len(problems) * point.group_size)]

@@ -7,8 +7,8 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
     old     = π_old log-probs of every own micro-batch, before the first optimizer step, when μ·k > 1
               (else logp.detach(): on-policy, no extra forward)
     for epoch in 0 .. μ−1, for b in 0 .. k−1 (a mini-batch with nothing to forward is skipped):
-        k · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals)  → backward
-        k · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
+        w_b · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals) → backward
+        w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
               before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
@@ -16,9 +16,10 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
               statistics), both over the last pass
 
 Every normaliser in a plan is a whole-step total, so the mini-batch losses L_b of one pass sum to the
-whole-step loss L; each mini-batch steps on k·L_b, whose gradient estimates the whole-step gradient (for a
-random split of the prompts, E[k·∇L_b] = ∇L), so k only changes how many optimizer steps a step makes, not
-their scale. With k = 1 this is the plain full-batch update.
+whole-step loss L; mini-batch b, holding P_b of the step's P prompts, steps on w_b·L_b with w_b = P / P_b,
+the whole-step loss estimated from its prompts (k·L_b for equal parts; the batch's prompts come in random
+order), so k changes how many optimizer steps a step makes, not their scale. With k = 1 this is the plain
+full-batch update.
 
 With β = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the plan's
 totals stay whole), so only the others are forwarded: same update, less compute. The micro-batch losses
@@ -79,6 +80,7 @@ class _Work:
     peer: Sequences
     own_groups: list[list[list[int]]]       # [mini-batch][micro-batch] → indices into own
     extra_groups: list[list[list[int]]]     # [mini-batch][micro-batch] → indices into peer
+    weights: list[float]                    # [mini-batch] → w_b = P / P_b
 
 
 def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
@@ -105,7 +107,9 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1) -> _Wor
     own_parts = _split(list(range(len(active))), [flat_prompt[i] for i in active], parts)
     peer_parts = _split(list(range(len(extras))), [e.prompt_index for e in extras], parts)
     return _Work(len(flat), active, plan.advantages[active], own, extras, peer,
-                 [grouped(part, own_lengths) for part in own_parts], [grouped(part, peer_lengths) for part in peer_parts])
+                 [grouped(part, own_lengths) for part in own_parts],
+                 [grouped(part, peer_lengths) for part in peer_parts],
+                 [n_prompts / max(len(part), 1) for part in parts])
 
 
 def _backward(loss: torch.Tensor, scale: float, step: int) -> float:
@@ -153,9 +157,8 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     work = _work(batch, plan, loss_cfg, k)
     if not work.active and not work.extras:
         return {"skipped": 1.0, "extras": 0, **plan.stats}
-    scale = float(len(work.own_groups))           # k, or the number of prompts when there are fewer
     old = None
-    if loss_cfg.updates_per_step * scale > 1:
+    if loss_cfg.updates_per_step * len(work.own_groups) > 1:
         with torch.no_grad():
             old = {tuple(g): logprobs(*work.own.take(g))[0] for part in work.own_groups for g in part}
     m = 0
@@ -166,7 +169,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
                 continue
             loss_b, sums_b, per_sequence_b = _accumulate(logprobs, sharing, plan, work, b, old, m,
                                                          max_tokens=max_tokens, reference=reference,
-                                                         step=batch.step, scale=scale)
+                                                         step=batch.step, scale=work.weights[b])
             grad_norm = torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)

@@ -173,7 +173,8 @@ class HACPO(SharingMode):
         lower = stepwise_lower_bound(cfg.delta, cfg.delta_step, update)
         tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731
         loss, ratio = peer_loss(logp, mask, tensor([e.behaviour_logp for e in extras]),
-                                tensor([e.chunks for e in extras]), tensor([e.advantage for e in extras]), tensor([e.weight for e in extras]),
+                                tensor([e.chunks for e in extras]), tensor([e.advantage for e in extras]),
+                                tensor([e.weight for e in extras]),
                                 lower=lower, alpha=cfg.alpha, aggregation=cfg.aggregation,
                                 max_tokens=max_tokens, **totals)
         return loss, {"ratio_mean": ratio, "clipped": ((ratio < lower) | (ratio > 1.0)).float(),

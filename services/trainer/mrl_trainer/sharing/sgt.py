@@ -13,7 +13,7 @@ where S is the accepted rescue set of the step (λ = 0.1 by default) and N, by `
     responses   N = |S|: the mean NLL of the rescued responses (the paper). The term weighs λ whether
                 one response was rescued or eight.
     prompts     N = P, the step's prompts: the term grows with how much was rescued (λ when every
-                prompt of the step had a rescued response).
+                prompt of the step had one rescued response, as with per_prompt = 1).
 
 With S empty (every own group had a success, or every peer success failed re-verification)
 L = L_GRPO exactly.
