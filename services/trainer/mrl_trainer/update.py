@@ -121,10 +121,12 @@ def _backward(loss: torch.Tensor, scale: float, step: int) -> float:
 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
-                max_tokens: int, reference: LogProbs | None, step: int, scale: float = 1.0):
-    """One pass over mini-batch b's micro-batches (backward on scale × each loss): its loss (unscaled), own-loss
-    statistics (weighted by their share of all active samples) and the extras' per-sequence statistics."""
-    loss_total, sums, per_sequence = 0.0, {}, {}
+                max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
+                scale: float = 1.0) -> float:
+    """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
+    own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
+    statistics to `per_sequence`."""
+    loss_total = 0.0
     for g in work.own_groups[b]:
         prompts, completions = work.own.take(g)
         logp, mask = logprobs(prompts, completions)
@@ -145,7 +147,7 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
         loss_total += _backward(loss, scale, step)
         for name, values in stats.items():
             per_sequence.setdefault(name, []).append(values.detach().cpu())
-    return loss_total, sums, per_sequence
+    return loss_total
 
 
 def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: SharingMode, loss_cfg,
@@ -153,8 +155,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     """μ = loss_cfg.updates_per_step passes of k = loss_cfg.mini_batches optimizer steps on the batch and the
     plan's extras; the step's statistics (the last pass's). {"skipped": 1, ...} and no update when nothing
     has a gradient."""
-    k = loss_cfg.mini_batches
-    work = _work(batch, plan, loss_cfg, k)
+    work = _work(batch, plan, loss_cfg, loss_cfg.mini_batches)
     if not work.active and not work.extras:
         return {"skipped": 1.0, "extras": 0, **plan.stats}
     old = None
@@ -167,9 +168,9 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
         for b in range(len(work.own_groups)):
             if not work.own_groups[b] and not work.extra_groups[b]:
                 continue
-            loss_b, sums_b, per_sequence_b = _accumulate(logprobs, sharing, plan, work, b, old, m,
-                                                         max_tokens=max_tokens, reference=reference,
-                                                         step=batch.step, scale=work.weights[b])
+            loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
+                                      reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
+                                      scale=work.weights[b])
             grad_norm = torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -177,11 +178,6 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             m += 1
-            loss_total += loss_b
-            for name, value in sums_b.items():
-                sums[name] = sums.get(name, 0.0) + value
-            for name, values in per_sequence_b.items():
-                per_sequence.setdefault(name, []).extend(values)
     if per_sequence:
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
@@ -197,7 +193,7 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
         p.grad = None
     if work.active or work.extras:
         _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
-                    step=batch.step)
+                    step=batch.step, sums={}, per_sequence={})
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
         p.grad = None
