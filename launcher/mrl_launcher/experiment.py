@@ -10,7 +10,7 @@ fixes them). OUT must be empty: trainers would resume from an earlier comparison
 `parallel` runs go at once (default: as many as the cores allow, one core per trainer, at least one); each
 run's trainers share cores // parallel compute threads. A failed run stops the others and the comparison.
 
-Then `report.write_compare_report` writes OUT/index.html and OUT/compare.json (analysis.compare): per policy
+Then `report.write_compare_page` writes OUT/index.html and OUT/compare.json (analysis.compare): per policy
 and mode, final held-out accuracy and its paired difference to solo GRPO ("none") with 95% bootstrap
 intervals over seeds and eval problems, curves with bands, and the rollouts each mode needed to reach solo's
 final accuracy. The last line printed is that JSON object.
@@ -23,7 +23,7 @@ import threading
 import yaml
 
 from mrl_launcher.errors import LauncherError, RunFailed
-from mrl_launcher.report import write_compare_report
+from mrl_launcher.report import write_compare_page
 from mrl_launcher.analysis import compare
 from mrl_launcher.topology import run_topology, stop_on_signals
 from mrl_serving.registry import installed_services
@@ -60,9 +60,9 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     parallel = parallel or default_parallel(len(config["trainers"]), len(jobs))
     with stop_on_signals() as stop:
         runs = _run_all(config, path, jobs, out, overrides, stop, parallel)
-    index = write_compare_report(runs, out)
-    print(f"mrl experiment: report {index}", flush=True)
-    return compare(runs)
+    result = compare(runs)
+    print(f"mrl experiment: report {write_compare_page(result, out)}", flush=True)
+    return result
 
 
 def _label(seed: int | None) -> str:

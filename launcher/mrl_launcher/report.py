@@ -25,11 +25,11 @@ import json
 import pathlib
 import re
 
-from mrl_launcher.analysis import PolicyRun, compare_loaded, load_run, load_seeds
+from mrl_launcher.analysis import PolicyRun, compare, load_run
 from mrl_launcher.figures import CUMULATIVE, budget, compare_plot, figure_stats, panels, plot_curves, stat_title
 from mrl_trainer.sharing import STAT_SOURCES
 
-__all__ = ["write_report", "write_compare_report"]
+__all__ = ["write_report", "write_compare_report", "write_compare_page"]
 
 Path = pathlib.Path
 
@@ -143,8 +143,12 @@ def write_compare_report(seeds: dict[str, dict[str, list[str | Path]]], out_dir:
                          baseline: str = "none") -> Path:
     """index.html (per policy: mean accuracy per mode with 95% bands against rollouts; the table) and
     compare.json (analysis.compare)."""
-    loaded = load_seeds(seeds, baseline)
-    result = compare_loaded(loaded, baseline)
+    return write_compare_page(compare(seeds, baseline), out_dir)
+
+
+def write_compare_page(result: dict, out_dir: str | Path) -> Path:
+    """write_compare_report's files from a comparison analysis.compare has made already."""
+    baseline = result["baseline"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
