@@ -40,7 +40,7 @@ from mrl_launcher.intervals import crossed_bootstrap, mean_ci
 from mrl_trainer.metrics import read_metrics
 
 __all__ = ["PolicyRun", "load_policy_run", "load_run", "load_runs", "load_seeds", "compare", "compare_loaded",
-           "TOLERANCE"]
+           "rollouts_to", "TOLERANCE"]
 
 Path = pathlib.Path
 TOLERANCE = 1e-9
@@ -164,10 +164,12 @@ def _entry(by_seed: list[PolicyRun], mats: list[np.ndarray], base_final: np.ndar
     return entry
 
 
-def _rollouts_to(curve: dict, target: float | None) -> int | None:
+def rollouts_to(curve: dict, target: float | None, tolerance: float = TOLERANCE) -> int | None:
+    """The rollouts of a curve's ({"rollouts", "mean"}) first point whose mean ≥ target − tolerance; None if none
+    is, or there is no target."""
     if target is None:
         return None
-    return next((x for x, y in zip(curve["rollouts"], curve["mean"]) if y >= target - TOLERANCE), None)
+    return next((x for x, y in zip(curve["rollouts"], curve["mean"]) if y >= target - tolerance), None)
 
 
 def compare_loaded(loaded: dict[str, dict[str, dict[str, PolicyRun]]], baseline: str) -> dict:
@@ -196,9 +198,9 @@ def compare_loaded(loaded: dict[str, dict[str, dict[str, PolicyRun]]], baseline:
             return base_mats[-1] if mode != baseline and base_steps and steps[-1] == base_steps[-1] else None
         entries = {mode: _entry(runs[mode], evals[mode][1], paired_base(mode)) for mode in runs}
         target = entries[baseline]["final_accuracy"] if baseline in entries else None
-        base_to = _rollouts_to(entries[baseline]["curve"], target) if baseline in entries else None
+        base_to = rollouts_to(entries[baseline]["curve"], target) if baseline in entries else None
         for entry in entries.values():
-            to = _rollouts_to(entry["curve"], target)
+            to = rollouts_to(entry["curve"], target)
             entry.update(target_accuracy=target, rollouts_to_baseline=to,
                          ratio_to_baseline=to / base_to if to is not None and base_to else None)
         out["interval"][policy] = "seeds × eval problems" if per_problem else "seeds"

@@ -11,6 +11,7 @@
     stats                  = each logged statistic, mean over the two policies (per policy: cumulative ones
                              summed over the run), then over seeds
 """
+from mrl_launcher.analysis import rollouts_to
 from mrl_launcher.intervals import mean_ci
 from mrl_launcher.lab.run import POLICIES
 
@@ -56,8 +57,7 @@ def summarize_point(runs: dict[str, list[dict]]) -> dict:
         if solo_final:
             d, dlo, dhi = mean_ci([c[-1] - solo_final[r["seed"]] for c, r in zip(curves, seeds)])
             entry.update(delta_solo=d, delta_solo_ci=[dlo, dhi])
-            reached = [x for x, y in zip(rollouts, entry["curve"]["mean"]) if y >= solo_mean - 1e-12]
-            entry["rollouts_to_solo"] = reached[0] if reached else None
+            entry["rollouts_to_solo"] = rollouts_to(entry["curve"], solo_mean, tolerance=1e-12)
         for key in ("grad_var", "grad_rel_var"):
             values = [_mean([r["policies"][p][key] for p in POLICIES]) for r in seeds]
             if all(v is not None for v in values):
