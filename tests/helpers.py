@@ -2,9 +2,14 @@
 import importlib.util
 import json
 import pathlib
+import queue
+import shutil
 import subprocess
 import sys
+import threading
+import time
 
+import pytest
 import yaml
 
 from mrl.assets import tokenizer_cache_dir
@@ -46,9 +51,21 @@ def write_auth_file(path: pathlib.Path, run_id: str) -> dict[str, str]:
     return tokens
 
 
-def run_quick_bench(name: str, cwd: pathlib.Path, timeout_s: float) -> dict:
-    """Run `mrl bench NAME --quick` in a child process; its last stdout line, parsed (it must be JSON)."""
-    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "bench", name, "--quick"], cwd=cwd,
+def self_signed(folder: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """A self-signed certificate for localhost and 127.0.0.1, and its key (skips the test without openssl)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command line to make a certificate (and the cryptography package is not "
+                    "a dependency)")
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def run_quick_bench(name: str, cwd: pathlib.Path, timeout_s: float, *options: str) -> dict:
+    """Run `mrl bench NAME --quick [OPTIONS]` in a child process; its last stdout line, parsed (it must be JSON)."""
+    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "bench", name, "--quick", *options], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -87,3 +104,35 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Collector:
+    """Iterates a subscription in a thread, so a test can watch what arrives and when."""
+
+    def __init__(self, subscription):
+        self.subscription = subscription
+        self.items: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        for d in self.subscription:
+            self.items.put(d)
+
+    def take(self, n, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        out = []
+        while len(out) < n:
+            out.append(self.items.get(timeout=max(0.01, deadline - time.monotonic())))
+        return out
+
+    def nothing_more(self, wait=1.0) -> bool:
+        try:
+            self.items.get(timeout=wait)
+            return False
+        except queue.Empty:
+            return True
+
+    def close(self):
+        self.subscription.close()
+        self.thread.join(5)

@@ -82,3 +82,25 @@ class RunningScheduler(RunningServer):
 @pytest.fixture
 def start_scheduler(redis_url):
     yield from _starter(RunningScheduler, redis_url)
+
+
+class RunningAlign(RunningServer):
+    """A THL service on free ports holding the gpt2 and smollm2 tokenizers (the shipped ones)."""
+
+    def __init__(self, **overrides):
+        from mrl_tokenizer_align.app import AlignServer
+        from mrl_tokenizer_align.catalog import cached_paths
+        from mrl_tokenizer_align.settings import AlignSettings
+        paths = cached_paths()
+        missing = {"gpt2", "smollm2"} - set(paths)
+        assert not missing, f"tokenizers {sorted(missing)} are not cached: run `make tokenizers`"
+        defaults = {"port": 0, "admin_port": 0, "tokenizers": {k: paths[k] for k in ("gpt2", "smollm2")}}
+        self.settings = AlignSettings(**{**defaults, **overrides})
+        super().__init__(lambda: AlignServer(self.settings))
+
+
+@pytest.fixture
+def align():
+    server = RunningAlign()
+    yield server
+    server.stop()

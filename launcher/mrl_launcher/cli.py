@@ -1,5 +1,10 @@
 """The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
-__all__ = ["up", "demo", "compare", "plot", "report"]
+from mrl_serving.commands import bench_command
+
+__all__ = ["up", "demo", "compare", "plot", "report", "bench_trl"]
+
+bench_trl = bench_command("mrl_launcher.bench_trl", "TRL's GRPOTrainer joining a run (mrl.integrations.trl) vs plain "
+                                                    "TRL, a peer publishing: step-time overhead; ends with one JSON line")
 
 
 class _RegisteredModes:

@@ -25,7 +25,7 @@ CUMULATIVE = frozenset().union(*(source.cumulative for source in STAT_SOURCES)) 
 
 
 def figure_stats(figure: str) -> tuple[str, ...]:
-    """The statistics drawn in a report figure ("thl", "ratios", "sgt", "exchange"), in registry order: what the
+    """The statistics drawn in a report figure ("thl", "ratios", "sgt", "exchange", "guard"), in registry order: what the
     sharing modes and the trainer's coordination with peers declare in their `figures`."""
     return tuple(dict.fromkeys(key for source in STAT_SOURCES for key in source.figures.get(figure, ())))
 

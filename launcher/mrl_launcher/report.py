@@ -46,6 +46,7 @@ PANELS = {  # figure → heading; its statistics are the ones the sharing modes 
     "ratios": "Ratio statistics",
     "sgt": "SGT rescues and rejections",
     "exchange": "Exchange",
+    "guard": "No-harm guard",
 }
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}

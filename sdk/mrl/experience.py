@@ -12,19 +12,32 @@ policy version, created time, schema version — around one payload of four kind
 `validate` is the single definition of a well-formed experience: the exchange rejects
 what it rejects (INVALID_ARGUMENT, nothing appended) and the clients call it before
 sending, so a bad experience fails where it was made.
+
+`step_experiences` builds what one training step of a policy publishes, from plain groups
+(`Group`): the mrl trainer and the TRL integration (mrl.integrations.trl) both call it, so
+every trainer of a run publishes the same four kinds with the same fields:
+
+    rollout        every sample: prompt, response, token ids, behaviour log-probs, reward, verdict
+    group_stats    each prompt's G rewards
+    success        each sample whose reward passed the policy's verifier (reward >= 1)
+    policy_stats   the step's batch mean reward, capability P̂ over the last `window` steps, throughput
+
+Experience ids are deterministic, `<policy>.<step>.<kind>.<i>`: a trainer that re-publishes a
+step (resumed from a checkpoint) is deduplicated by the exchange (idempotent publish).
 """
 import math
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from mrl.errors import InvalidArgument
 from mrl.v1 import experience_pb2 as pb
 
 __all__ = ["Kind", "KINDS", "SCHEMA_VERSION", "kind_of", "kind_enum", "kind_name", "new_experience",
-           "validate", "validate_name", "Limits"]
+           "validate", "validate_name", "Limits", "Response", "Group", "capability", "verdict", "step_experiences"]
 
 SCHEMA_VERSION = 1
 
@@ -164,3 +177,66 @@ def validate(exp: pb.Experience, limits: Limits = Limits()) -> Kind:
         _check_finite(f"{where}: policy_stats", [p.batch_mean_reward, p.capability, p.rollouts_per_s,
                                                  p.tokens_per_s])
     return kind
+
+
+@dataclass(frozen=True)
+class Response:
+    """One sampled response: its text, the token ids the policy generated, and their behaviour log-probs
+    (log π_old(y_t | x, y_<t), one per id; empty if unknown)."""
+    text: str
+    token_ids: Sequence[int]
+    logprobs: Sequence[float] = ()
+
+
+@dataclass(frozen=True)
+class Group:
+    """One prompt of a step with its G responses, their rewards and the verifier's extracted answers
+    (None: no answer could be extracted; "" when the verifier extracts none but judged the response)."""
+    prompt_id: str
+    prompt_text: str
+    responses: Sequence[Response]
+    rewards: Sequence[float]
+    answers: Sequence[str | None]
+
+
+def capability(batch_rewards: list[float], window: int) -> float:
+    """P̂ = mean of the batch mean reward over the last `window` steps (current included)."""
+    recent = batch_rewards[-window:]
+    return sum(recent) / len(recent) if recent else 0.0
+
+
+def verdict(reward: float, answer: str | None) -> int:
+    """UNPARSEABLE without an answer, else CORRECT when the reward is 1 (the verifier passed it), else INCORRECT."""
+    if answer is None:
+        return pb.VERDICT_UNPARSEABLE
+    return pb.VERDICT_CORRECT if reward >= 1.0 else pb.VERDICT_INCORRECT
+
+
+def step_experiences(groups: Iterable[Group], *, run_id: str, policy: str, step: int, version: int,
+                     tokenizer_id: str, batch_rewards: list[float], window: int, rollouts_per_s: float,
+                     tokens_per_s: float, rollouts_total: int) -> list[pb.Experience]:
+    """The experiences of one step (module docstring), at policy version `version`; `batch_rewards`: the batch
+    mean reward of the recent steps, this one last."""
+    out = []
+
+    def add(kind: str, i: int, payload) -> None:
+        out.append(new_experience(run_id, policy, version, payload, f"{policy}.{step}.{kind}.{i}"))
+
+    k = 0
+    for p, g in enumerate(groups):
+        group_id = f"{policy}.{step}.{p}"
+        add("group_stats", p, pb.GroupStats(prompt_id=g.prompt_id, group_id=group_id, rewards=list(g.rewards)))
+        for i, (r, reward, answer) in enumerate(zip(g.responses, g.rewards, g.answers)):
+            add("rollout", k, pb.Rollout(
+                prompt_id=g.prompt_id, prompt_text=g.prompt_text, response_text=r.text, token_ids=r.token_ids,
+                logprobs=r.logprobs, reward=reward, verdict=verdict(reward, answer), group_id=group_id,
+                tokenizer_id=tokenizer_id, sample_index=i))
+            if reward >= 1.0:
+                add("success", k, pb.VerifiedSuccess(
+                    prompt_id=g.prompt_id, prompt_text=g.prompt_text, response_text=r.text, token_ids=r.token_ids,
+                    reward=reward, answer=answer or "", group_id=group_id, tokenizer_id=tokenizer_id))
+            k += 1
+    add("policy_stats", 0, pb.PolicyStats(
+        step=step, batch_mean_reward=batch_rewards[-1], capability=capability(batch_rewards, window),
+        window=window, rollouts_per_s=rollouts_per_s, tokens_per_s=tokens_per_s, rollouts_total=rollouts_total))
+    return out

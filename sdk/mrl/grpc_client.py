@@ -7,6 +7,7 @@ A call that fails raises the `mrl.errors` class of its status (`errors.from_rpc_
 `retry=True` an UNAVAILABLE call is tried again after each delay of the Backoff, for idempotent
 calls only.
 """
+import os
 import random
 import time
 
@@ -42,7 +43,10 @@ class Backoff:
 
 def open_channel(target: str, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int,
                  aio: bool = False):
-    """A channel to `target` (TLS when `tls_root_cert` is given) and the metadata carrying the bearer token."""
+    """A channel to `target` and the metadata carrying the bearer token. TLS when `tls_root_cert` (PEM) is given,
+    or else when the environment names a PEM file in MRL_TLS_ROOT_CERT (how a trainer in a container gets it)."""
+    if tls_root_cert is None and os.environ.get("MRL_TLS_ROOT_CERT"):
+        tls_root_cert = _read_root_cert(os.environ["MRL_TLS_ROOT_CERT"])
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes),
@@ -52,6 +56,14 @@ def open_channel(target: str, token: str | None, tls_root_cert: bytes | None, ma
     if tls_root_cert is not None:
         return module.secure_channel(target, grpc.ssl_channel_credentials(tls_root_cert), options), metadata
     return module.insecure_channel(target, options), metadata
+
+
+def _read_root_cert(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise errors.InvalidArgument(f"MRL_TLS_ROOT_CERT names {path!r}, which cannot be read: {exc}") from exc
 
 
 def retry_delay(exc: grpc.RpcError, delays) -> float:

@@ -38,6 +38,19 @@ def test_each_package_imports_only_the_layers_below_it(folder):
     assert not wrong, f"imports that point up or across: {wrong}"
 
 
+# An integration (an optional extra: pip install ./sdk[trl]) imports its framework, and nothing else server-side;
+# `import mrl` loads none of them (tests/integrations/test_trl.py checks that in a fresh interpreter).
+INTEGRATIONS = {"sdk/mrl/integrations/trl.py": {"torch", "transformers", "trl"}}
+
+
 def test_the_sdk_imports_nothing_server_side():
-    wrong = {path: sorted(names & SERVER_SIDE) for path, names in _imports("sdk/mrl").items() if names & SERVER_SIDE}
+    wrong = {path: sorted(names & SERVER_SIDE - INTEGRATIONS.get(path, set()))
+             for path, names in _imports("sdk/mrl").items() if names & SERVER_SIDE - INTEGRATIONS.get(path, set())}
     assert not wrong, f"the client SDK imports server-side packages: {wrong}"
+
+
+def test_the_sdk_imports_no_integration_from_its_core():
+    """Only an integration module imports its integration package: the rest of the SDK never does."""
+    wrong = {path: sorted(names & {"trl"}) for path, names in _imports("sdk/mrl").items()
+             if "trl" in names and path not in INTEGRATIONS}
+    assert not wrong, f"SDK modules import an integration's framework: {wrong}"

@@ -1,45 +1,11 @@
 """Delivery semantics over real Redis and real gRPC: at-least-once, credit, groups, staleness, restart."""
-import queue
-import threading
 import time
 
 import pytest
 
-from helpers import rollout
+from helpers import Collector, rollout
 from mrl_serving.embedded_redis import EmbeddedRedis
 from mrl.exchange_client import ExchangeClient
-
-
-class Collector:
-    """Iterates a subscription in a thread, so a test can watch what arrives and when."""
-
-    def __init__(self, subscription):
-        self.subscription = subscription
-        self.items: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        for d in self.subscription:
-            self.items.put(d)
-
-    def take(self, n, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        out = []
-        while len(out) < n:
-            out.append(self.items.get(timeout=max(0.01, deadline - time.monotonic())))
-        return out
-
-    def nothing_more(self, wait=1.0) -> bool:
-        try:
-            self.items.get(timeout=wait)
-            return False
-        except queue.Empty:
-            return True
-
-    def close(self):
-        self.subscription.close()
-        self.thread.join(5)
 
 
 def test_unacked_deliveries_are_redelivered_after_the_subscriber_dies(exchange, run_id):

@@ -6,8 +6,6 @@ import itertools
 import logging
 import pathlib
 import re
-import shutil
-import subprocess
 import threading
 import uuid
 
@@ -16,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from helpers import rollout, write_auth_file
+from helpers import rollout, self_signed, write_auth_file
 from mrl import errors
 from mrl.auth import Authenticator, hash_token, new_token
 from mrl.exchange_client import Backoff, ExchangeClient
@@ -404,20 +402,9 @@ def test_with_auth_the_configured_host_is_bound(start_exchange, auth_file):
 
 
 # -- TLS -------------------------------------------------------------------------------------------
-def _self_signed(folder: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command line to make a certificate (and the cryptography package is not "
-                    "a dependency)")
-    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
-    return cert, key
-
-
 def test_tls_round_trip_and_plaintext_refused(start_exchange, tmp_path, run_id):
-    cert, key = _self_signed(tmp_path, "server")
-    other_cert, _ = _self_signed(tmp_path, "other")
+    cert, key = self_signed(tmp_path, "server")
+    other_cert, _ = self_signed(tmp_path, "other")
     ex = start_exchange(tls_cert=cert, tls_key=key)
     target = f"localhost:{ex.server.port}"
     sent = rollout(run_id, "policy-a")

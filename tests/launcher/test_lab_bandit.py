@@ -39,7 +39,7 @@ def test_quick_prints_one_line_per_mode_and_ends_with_one_json_line(quick):
     assert len(result["points"]) == 1
     point = result["points"][0]
     assert point["point"] == {"gap": 1.0, "overlap": 0.5, "staleness": 0, "tokenizers": "gpt2/mistral-v1",
-                              "group_size": 8}
+                              "group_size": 8, "interference": 0.0}
     assert set(point["modes"]) == set(SHARING_MODES)          # every registered mode, nothing else
     for mode in SHARING_MODES:
         assert sum(line.strip().startswith(f"{mode} ") for line in lines) == 1, mode
@@ -85,7 +85,7 @@ def test_each_sharing_mode_logs_its_own_stats_and_none_logs_none(quick):
 
 def test_the_sweep_moves_one_axis_at_a_time_around_the_default_point():
     points = sweep_points(Point())
-    assert points[0] == Point() and len(set(points)) == len(points) == 10
+    assert points[0] == Point() and len(set(points)) == len(points) == 12
     for p in points[1:]:
         assert sum(getattr(p, f) != getattr(Point(), f) for f in Point.__dataclass_fields__) == 1
 
@@ -97,8 +97,12 @@ def test_mode_variants_are_specs_of_a_modes_own_fields():
     assert mode_config("xgrpo:uniform_groups=zero").xgrpo.uniform_groups == "zero"
     cfg = mode_config("sgt:normalize=prompts:lam=0.2", max_staleness=2)
     assert (cfg.mode, cfg.sgt.normalize, cfg.sgt.lam, cfg.max_staleness) == ("sgt", "prompts", 0.2, 2)
+    assert mode_config("sgt").guard.enabled and not mode_config("sgt-unguarded").guard.enabled
+    cfg = mode_config("sgt:lam=1:guard.trust_rate=0-unguarded")
+    assert (cfg.sgt.lam, cfg.guard.trust_rate, cfg.guard.enabled) == (1, 0, False)
     for bad, match in (("bogus", "unknown sharing mode"), ("sgt:lam", "mode:field=value"),
-                       ("sgt:lambda=1", "not a valid sgt variant"), ("sgt:lam=-1", "not a valid sgt variant")):
+                       ("sgt:lambda=1", "not a valid sgt variant"), ("sgt:lam=-1", "not a valid sgt variant"),
+                       ("sgt:guard.bogus=1", "not a valid sgt variant"), ("bogus-unguarded", "unknown sharing mode")):
         with pytest.raises(FailedPrecondition, match=match):
             mode_config(bad)
 
@@ -106,7 +110,11 @@ def test_mode_variants_are_specs_of_a_modes_own_fields():
 def test_a_variant_runs_under_its_own_name():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        main([*ARGS, "--seeds", "2", "--modes", "none,xgrpo:uniform_groups=zero"])
-    modes = json.loads(out.getvalue().strip().splitlines()[-1])["points"][0]["modes"]
-    assert set(modes) == {"none", "xgrpo:uniform_groups=zero"}
+        main([*ARGS, "--seeds", "2", "--modes", "none,xgrpo:uniform_groups=zero,sgt-unguarded", "--interference", "1"])
+    result = json.loads(out.getvalue().strip().splitlines()[-1])["points"][0]
+    modes = result["modes"]
+    assert set(modes) == {"none", "xgrpo:uniform_groups=zero", "sgt-unguarded"}
     assert "xgrpo_uniform" in modes["xgrpo:uniform_groups=zero"]["stats"]
+    assert "guard_trust" in modes["xgrpo:uniform_groups=zero"]["stats"]         # guarded by default
+    assert "guard_trust" not in modes["sgt-unguarded"]["stats"]
+    assert result["point"]["interference"] == 1.0

@@ -13,12 +13,17 @@ mrl_tokenizer_align.vocab), with a small action set:
 
     A        = the tokens of the canonical encodings of every "n" and "+n", 0 ≤ n ≤ 49, and EOS
     actions  = A ∪ {OTHER}             OTHER stands for every other non-special token of the vocabulary
-    π_θ(v | c, y_<t) = softmax(W[c, s(y_{t−1})])_v          v an action; s = the previous token's action, or BOS
+    π_θ(v | c, y_<t) = softmax(W[c, s] + β·S[s])_v          v an action; s = s(y_{t−1}), the previous token's
+                                                            action, or BOS
     π_θ(y_t | ...) of a real token id y_t = π_θ(y_t | ...)                   y_t ∈ A
                                           = π_θ(OTHER | ...) / N_rest        otherwise
                                             (N_rest = |vocabulary| − |A| − specials)
 
-so π_θ is a proper distribution over the WHOLE vocabulary: a peer response retokenized into tokens
+S is a table SHARED by all contexts, β the testbed's `interference` (0: no S, each context a separate
+table; > 0: an update on one context moves every other one through S, as a shared representation does in
+an LLM — so a peer's answer format learned on a few contexts can drag the others, "format drag").
+
+π_θ is a proper distribution over the WHOLE vocabulary: a peer response retokenized into tokens
 outside A is scored (low, through OTHER), never −∞. Sampling OTHER emits a uniformly drawn token
 of the rest of the vocabulary. Responses stop at EOS (included, as the trainer's Sample.ids) or
 after `max_new_tokens`; sampling is at temperature 1 (Gumbel-max), with the behaviour log-probs kept.
@@ -147,15 +152,16 @@ def distractor(answer: int) -> int:
 
 
 class TabularPolicy(torch.nn.Module):
-    """π_θ of the module docstring over one tokenizer; W (C, |A| + 2 states, |A| + 1 actions) is the only parameter.
+    """π_θ of the module docstring over one tokenizer: W (C, |A| + 2 states, |A| + 1 actions), and with
+    interference β > 0 the shared S (|A| + 2 states, |A| + 1 actions), initially 0.
 
     States: 0..|A|−1 after token A[i], |A| after OTHER, |A|+1 = BOS. Actions: 0..|A|−1 = A[i], |A| = OTHER.
     """
 
     def __init__(self, vocab: Vocab, bandit: Bandit, profile: Profile, *, seed: int, noise: float = 0.3,
-                 max_new_tokens: int = 5):
+                 max_new_tokens: int = 5, interference: float = 0.0):
         super().__init__()
-        self.vocab, self.max_new_tokens = vocab, max_new_tokens
+        self.vocab, self.max_new_tokens, self.interference = vocab, max_new_tokens, interference
         self.tokens = action_tokens(vocab)                                   # A (sorted real ids)
         n = len(self.tokens)
         self.other, self.bos = n, n + 1
@@ -170,6 +176,11 @@ class TabularPolicy(torch.nn.Module):
         self.prompts = [vocab.encode(p.question).tolist() for p in bandit.problems]
         self.context_of = {tuple(p): c for c, p in enumerate(self.prompts)}
         self.W = torch.nn.Parameter(torch.from_numpy(self._initial(bandit, profile, seed, noise)))
+        self.S = torch.nn.Parameter(torch.zeros(self.W.shape[1:])) if interference > 0 else None
+
+    def logits(self) -> torch.Tensor:
+        """W[c, s] + β·S[s] for every context and state, (C, |A| + 2, |A| + 1)."""
+        return self.W if self.S is None else self.W + self.interference * self.S[None]
 
     # --- the initial logits -----------------------------------------------------------------------------
     def _path(self, text: str) -> tuple[int, ...]:
@@ -201,7 +212,7 @@ class TabularPolicy(torch.nn.Module):
         Categorical sampling by the Gumbel-max trick (numpy: small arrays, microseconds per step); greedy takes
         the argmax (OTHER, if ever the argmax, emits the first token of the rest)."""
         n, T = len(contexts), self.max_new_tokens
-        W = self.W.detach().numpy()
+        W = self.logits().detach().numpy()
         c = np.asarray(contexts)
         rows = np.arange(n)
         state = np.full(n, self.bos)
@@ -244,7 +255,7 @@ class TabularPolicy(torch.nn.Module):
         ids[mask] = torch.tensor([i for y in completions for i in y], dtype=torch.int64)
         actions = self.action_of[ids]
         states = torch.cat([torch.full((len(prompts), 1), self.bos), actions[:, :-1]], 1)
-        logp = torch.log_softmax(self.W[c[:, None], states], -1).gather(-1, actions[..., None]).squeeze(-1)
+        logp = torch.log_softmax(self.logits()[c[:, None], states], -1).gather(-1, actions[..., None]).squeeze(-1)
         return logp - (actions == self.other) * self.log_rest, mask.float()
 
 

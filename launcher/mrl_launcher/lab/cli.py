@@ -9,9 +9,11 @@ def bandit(parser):
     from mrl_launcher.lab.point import Point, default_workers
     d = Point()
     parser.add_argument("--sweep", action="store_true", help="the full sweep: the default point, then one axis at "
-                                                             "a time (gap, overlap, staleness, tokenizers, G)")
+                                                             "a time (gap, overlap, staleness, tokenizers, G, interference)")
     parser.add_argument("--quick", action="store_true", help="a tiny run (3 seeds, 6 steps, 6 contexts): for tests")
     parser.add_argument("--seeds", type=int, help="seeds per mode and point (default 30; --quick 3)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed, first-seed + 1, … (default "
+                                                                   "0; tune on other seeds than you report)")
     parser.add_argument("--modes", help="comma-separated sharing modes or variants, mode:field=value[:…] (e.g. "
                                         "xgrpo:uniform_groups=zero; default: every registered mode)")
     parser.add_argument("--workers", type=int, default=default_workers(), help="processes (default: every core)")
@@ -26,6 +28,8 @@ def bandit(parser):
     axes.add_argument("--tokenizers", default=d.tokenizers, help="a's/b's tokenizer ids (%(default)s; gpt2/gpt2: "
                                                                  "no mismatch)")
     axes.add_argument("--group-size", type=int, default=d.group_size, help="G (%(default)s)")
+    axes.add_argument("--interference", type=float, default=d.interference,
+                      help="β, weight of a logit table shared by all contexts (%(default)s: contexts independent)")
     more = parser.add_argument_group("settings")
     more.add_argument("--steps", type=int)
     more.add_argument("--contexts", type=int)
@@ -50,10 +54,10 @@ def bandit(parser):
                      if getattr(args, k) is not None}
         settings = replace(settings, **overrides)
         base = Point(gap=args.gap, overlap=args.overlap, staleness=args.staleness, tokenizers=args.tokenizers,
-                     group_size=args.group_size)
+                     group_size=args.group_size, interference=args.interference)
         points = sweep_points(base) if args.sweep else [base]
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
-        seeds = list(range(args.seeds or (3 if args.quick else 30)))
+        seeds = list(range(args.first_seed, args.first_seed + (args.seeds or (3 if args.quick else 30))))
         print(f"mrl lab bandit: {len(points)} point(s) × {len(modes)} modes × {len(seeds)} seeds, "
               f"{settings.steps} steps of {settings.prompts_per_step} contexts × G, {args.workers} worker(s)",
               flush=True)
@@ -94,6 +98,7 @@ def _line(mode: str, e: dict) -> str:
         parts.append(f"grad-var {e['grad_var']:.2e} (rel {e['grad_rel_var']:.2f})")
     shown = {"prp_log_rho_var": "var log ρ", "prp_truncated": "ρ>c", "sgt_rescued": "rescues",
              "xgrpo_baseline_shift_abs": "|Δbaseline|", "hacpo_omega_mean": "ω", "hacpo_clipped": "clipped",
-             "thl_one_to_one": "THL 1:1"}
+             "thl_one_to_one": "THL 1:1", "guard_agreement": "guard cos", "guard_projected": "projected", "guard_hindsight": "hindsight",
+             "guard_trust": "τ"}
     parts += [f"{label} {s[k]:.3g}" for k, label in shown.items() if s.get(k) is not None]
     return "  ".join(parts)

@@ -8,6 +8,8 @@
     staleness    the peer experience a policy receives at step t was sampled by the peer's version t − k
     tokenizers   a's / b's tokenizer ids: different (gpt2 / mistral-v1: THL retokenizes) or the same
     group_size   G, own samples per context and step
+    interference β: weight of a logit table shared by all contexts (0: none, each context its own table;
+                 > 0: an update on one context moves the others, so a peer's format can drag a receiver)
 """
 import os
 from dataclasses import dataclass, replace
@@ -23,6 +25,7 @@ class Point:
     staleness: int = 0                   # peer experience from this many steps ago
     tokenizers: str = "gpt2/mistral-v1"  # a's / b's tokenizer ("gpt2/gpt2": no mismatch)
     group_size: int = 8                  # G
+    interference: float = 0.0            # β, the shared table's weight (0: contexts independent)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ class Settings:
 def sweep_points(base: Point) -> list[Point]:
     """The default point, then one axis at a time around it."""
     variations = [("gap", (0.0, 1.0)), ("overlap", (0.0, 1.0)), ("staleness", (2, 4)),
-                  ("tokenizers", ("gpt2/gpt2",)), ("group_size", (4, 16))]
+                  ("tokenizers", ("gpt2/gpt2",)), ("group_size", (4, 16)),
+                  ("interference", (3.0, 10.0))]
     points = [base]
     for name, values in variations:
         points += [replace(base, **{name: v}) for v in values if v != getattr(base, name)]

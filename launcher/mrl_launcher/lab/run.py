@@ -107,7 +107,7 @@ class _Policy:
     generator: np.random.Generator
     batch_rewards: list = field(default_factory=list)
     rollouts_total: int = 0
-    history: collections.deque = None     # (version, W, batch_rewards) of the last s + 1 versions
+    history: collections.deque = None     # (version, parameters, batch_rewards) of the last s + 1 versions
     records: list = field(default_factory=list)
     curve: list = field(default_factory=list)
     probes: list = field(default_factory=list)
@@ -127,18 +127,24 @@ def _greedy_success(model: TabularPolicy, bandit: Bandit) -> float:
     return sum(reward(p, s.text) for p, s in zip(bandit.problems, samples)) / len(bandit)
 
 
+def _snapshot(model: TabularPolicy) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
 class _Swapped:
     """Sample from a snapshot of the parameters, then put the current ones back."""
 
-    def __init__(self, model: TabularPolicy, W: torch.Tensor):
-        self.model, self.W = model, W
+    def __init__(self, model: TabularPolicy, snapshot: list[torch.Tensor]):
+        self.model, self.snapshot = model, snapshot
 
     def __enter__(self):
-        self.saved = self.model.W.data
-        self.model.W.data = self.W
+        self.saved = [p.data for p in self.model.parameters()]
+        for p, value in zip(self.model.parameters(), self.snapshot):
+            p.data = value
 
     def __exit__(self, *exc):
-        self.model.W.data = self.saved
+        for p, value in zip(self.model.parameters(), self.saved):
+            p.data = value
 
 
 def _published(producer: _Policy, batch: StepBatch, problems, point: Point, t: int, generator, window: int,
@@ -150,9 +156,9 @@ def _published(producer: _Policy, batch: StepBatch, problems, point: Point, t: i
         return publish(batch, policy=producer.name, version=t, tokenizer_id=producer.tokenizer_id,
                        batch_rewards=producer.batch_rewards, window=window, rollouts_total=producer.rollouts_total)
     wanted = max(t - s, 0)
-    version, W, rewards = next(((v, W, r) for v, W, r in producer.history if v == wanted),
-                               (t, producer.model.W.data, producer.batch_rewards or [0.0]))
-    with _Swapped(producer.model, W):
+    version, params, rewards = next(((v, w, r) for v, w, r in producer.history if v == wanted),
+                                    (t, [p.data for p in producer.model.parameters()], producer.batch_rewards or [0.0]))
+    with _Swapped(producer.model, params):
         old = _rollout(producer.model, problems, point.group_size, generator, t)
     return publish(old, policy=producer.name, version=version, tokenizer_id=producer.tokenizer_id,
                    batch_rewards=rewards, window=window, rollouts_total=producer.rollouts_total)
@@ -214,24 +220,37 @@ def _summary(records: list[dict], cumulative: frozenset) -> dict:
     return {key: (sum(v) if key in cumulative else sum(v) / len(v)) for key, v in values.items()}
 
 
+UNGUARDED = "-unguarded"
+
+
 def mode_config(spec: str, **common):
     """A mode spec → its validated `sharing:` section. A spec is a registered mode (`xgrpo`) or a variant of
-    one, `mode:field=value[:field=value …]` with fields of the mode's own section (`xgrpo:uniform_groups=zero`,
-    `sgt:normalize=prompts:lam=0.2`; values read as YAML). FailedPrecondition on a bad spec."""
-    mode, *fields = spec.split(":")
+    one, `mode:field=value[:field=value …]`: a plain field is one of the mode's own section
+    (`xgrpo:uniform_groups=zero`, `sgt:normalize=prompts:lam=0.2`), a dotted one a path in `sharing:`
+    (`prp:guard.trust_rate=0`); values read as YAML. A spec ending in `-unguarded` runs without the
+    no-harm guard (`sgt-unguarded`, `sgt:lam=1-unguarded`). FailedPrecondition on a bad spec."""
+    body, unguarded = (spec[:-len(UNGUARDED)], True) if spec.endswith(UNGUARDED) else (spec, False)
+    mode, *fields = body.split(":")
     if mode not in SHARING_MODES:
         raise FailedPrecondition(f"unknown sharing mode {mode!r} in {spec!r}; registered: {', '.join(SHARING_MODES)}")
-    section = {}
+    section, top = {}, {}
     for field in fields:
         key, sep, value = field.partition("=")
         if not sep or not key:
             raise FailedPrecondition(f"{spec!r}: a variant is mode:field=value[:field=value …], not {field!r}")
-        section[key] = yaml.safe_load(value)
+        *path, name = key.split(".")
+        target = top if path else section
+        for part in path:
+            target = target.setdefault(part, {})
+        target[name] = yaml.safe_load(value)
+    if unguarded:
+        top.setdefault("guard", {})["enabled"] = False
     try:
-        return sharing_config(mode=mode, **({mode: section} if section else {}), **common)
-    except ValidationError as exc:
-        raise FailedPrecondition(f"{spec!r} is not a valid {mode} variant: {exc.errors()[0]['msg']} "
-                                 f"(at {'.'.join(map(str, exc.errors()[0]['loc']))})") from exc
+        return sharing_config(mode=mode, **({mode: section} if section else {}), **top, **common)
+    except (ValidationError, TypeError) as exc:
+        where = ".".join(map(str, exc.errors()[0]["loc"])) if isinstance(exc, ValidationError) else "sharing"
+        message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise FailedPrecondition(f"{spec!r} is not a valid {mode} variant: {message} (at {where})") from exc
 
 
 def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
@@ -247,7 +266,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
     pols = []
     for k, (name, tid, profile) in enumerate(zip(POLICIES, tokenizer_ids, profiles(point, settings, seed))):
         model = TabularPolicy(vocabs[tid], bandit, profile, seed=seed * 2 + k, noise=settings.noise,
-                              max_new_tokens=settings.max_new_tokens)
+                              max_new_tokens=settings.max_new_tokens, interference=point.interference)
         pols.append(_Policy(name, tid, model, torch.optim.AdamW(model.parameters(), lr=loss.lr,
                                                                 weight_decay=loss.weight_decay),
                             make_sharing(cfg, loss), np.random.default_rng([seed, 17, k]),
@@ -274,7 +293,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
             n = len(problems) * G
             k.batch_rewards = (k.batch_rewards + [sum(map(sum, batch.rewards)) / n])[-window:]
             k.rollouts_total += n
-            k.history.append((t, k.model.W.detach().clone(), list(k.batch_rewards)))
+            k.history.append((t, _snapshot(k.model), list(k.batch_rewards)))
         published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" else []
                      for k, b in zip(pols, batches)]
         for i, k in enumerate(pols):

@@ -18,8 +18,8 @@ class ExchangeServer(ServiceServer):
     """The gRPC and REST servers over one Exchange; `await start()`, then `port` and `admin_port`."""
 
     def __init__(self, settings: ExchangeSettings, redis_url: str):
-        super().__init__("exchange", settings)
         self.exchange = Exchange.from_url(redis_url, settings)
+        super().__init__("exchange", settings, self.exchange.redis, "mrl:rl:exchange:")
 
     async def start(self) -> None:
         """Serve once Redis answers; gRPC health then follows Redis (NOT_SERVING while it does not answer)."""

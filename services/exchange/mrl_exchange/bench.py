@@ -21,9 +21,18 @@ acked by every subscriber.
 Latency = subscriber receive time − the experience's creation time, stamped just before
 its Publish (raw: a timestamp field written just before the XADD pipeline), same host
 clock; p50/p99 over every delivery of the phase. A third phase paces the producers to half
-of the mrl peak throughput and reports p99 there. The last stdout line is one JSON object.
+of the mrl peak throughput and reports p99 there.
+
+With --replicas R (> 1), R exchange processes serve the same Redis and one more mrl phase spreads
+the workers over them (worker i on replica i mod R, as a balancer spreading connections would);
+its throughput is reported next to the one-replica peak of the same run, and their ratio
+(anchor: one replica). Replicas add throughput only where there are cores to run them: on a
+2-core machine Redis, every replica and the workers share the same two cores, so the ratio there
+measures what a second process costs, not how replicas scale (the JSON line says so).
+The last stdout line is one JSON object.
 """
 import array
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -36,6 +45,7 @@ import queue
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
+from mrl.errors import InvalidArgument
 from mrl_serving import benchmarking
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
@@ -46,6 +56,7 @@ __all__ = ["main", "rollout_payload"]
 
 PRODUCERS, SUBSCRIBERS, BATCH, ACK_EVERY, CREDIT, WARMUP = 4, 2, 64, 64, 1024, 8
 TARGETS = {"ratio": 0.5, "p99_ms_at_half_load": 10}
+MAX_REPLICAS = 8
 
 
 def rollout_payload(i: int = 0) -> pb.Rollout:
@@ -168,7 +179,8 @@ def _raw_payload() -> bytes:
 
 
 def _phase(system, where, redis_url, n, rate=None) -> dict:
-    """Run PRODUCERS × n/PRODUCERS experiences to SUBSCRIBERS groups; throughput and latency."""
+    """Run PRODUCERS × n/PRODUCERS experiences to SUBSCRIBERS groups; throughput and latency. `where`: the
+    addresses the workers use (exchanges for mrl, Redis for raw), worker i the (i mod len)-th."""
     run_id = f"bench-{uuid.uuid4().hex[:12]}"
     if system == "raw":  # the exchange creates its groups itself; the anchor needs them first
         r = redis.Redis.from_url(redis_url)
@@ -179,10 +191,10 @@ def _phase(system, where, redis_url, n, rate=None) -> dict:
     ctx = mp.get_context("spawn")
     results_q, barrier = ctx.Queue(), ctx.Barrier(PRODUCERS + SUBSCRIBERS)
     producer_rate = rate / PRODUCERS if rate else None
-    producers = [(_produce, (system, where, run_id, f"actor-{p}", per_producer, producer_rate, barrier))
-                 for p in range(PRODUCERS)]
-    subscribers = [(_subscribe, (system, where, run_id, f"learner-{s}", per_producer * PRODUCERS, barrier))
-                   for s in range(SUBSCRIBERS)]
+    producers = [(_produce, (system, where[p % len(where)], run_id, f"actor-{p}", per_producer, producer_rate,
+                             barrier)) for p in range(PRODUCERS)]
+    subscribers = [(_subscribe, (system, where[s % len(where)], run_id, f"learner-{s}", per_producer * PRODUCERS,
+                                 barrier)) for s in range(SUBSCRIBERS)]
     procs = [ctx.Process(target=_group, args=(specs, results_q), daemon=True) for specs in (producers, subscribers)]
     for p in procs:
         p.start()
@@ -214,7 +226,9 @@ def _patterns(*run_ids) -> list[str]:
     return [f"{prefix}:{{{run_id}}}:*" for run_id in run_ids for prefix in ("bench", "mrl")]
 
 
-def main(quick: bool = False) -> None:
+def main(quick: bool = False, replicas: int = 1) -> None:
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise InvalidArgument(f"--replicas {replicas}: run 1 to {MAX_REPLICAS} exchange replicas")
     n = 512 if quick else 100_000
     with tempfile.TemporaryDirectory(prefix="mrl-bench-") as tmp, \
             redis_for(os.environ.get("MRL_REDIS_URL"), tmp) as url:
@@ -222,22 +236,29 @@ def main(quick: bool = False) -> None:
         size = len(_raw_payload())
         print(f"mrl bench exchange: {machine}\n  {PRODUCERS} producers × batches of {BATCH}, {SUBSCRIBERS} "
               f"subscribers (one group each, all producers), {size} B rollouts, {n} experiences", flush=True)
-        raw = _phase("raw", url, url, n)
+        raw = _phase("raw", [url], url, n)
         benchmarking.delete_keys(url, _patterns(raw["run_id"]))
         print(f"  raw redis-py  {raw['exp_per_s']:>9.0f} exp/s   p50 {raw['p50_ms']} ms  p99 {raw['p99_ms']} ms",
               flush=True)
-        with spawn("exchange", url, log_level="ERROR") as exchange:
-            target = f"127.0.0.1:{exchange.ready['grpc_port']}"
-            peak = _phase("mrl", target, url, n)
+        with contextlib.ExitStack() as stack:
+            targets = [f"127.0.0.1:{stack.enter_context(spawn('exchange', url, log_level='ERROR')).ready['grpc_port']}"
+                       for _ in range(replicas)]
+            peak = _phase("mrl", targets[:1], url, n)
             print(f"  mrl exchange  {peak['exp_per_s']:>9.0f} exp/s   p50 {peak['p50_ms']} ms  p99 {peak['p99_ms']} ms",
                   flush=True)
             half_rate = peak["exp_per_s"] / 2
             half_n = max(PRODUCERS * BATCH, int(half_rate * (1.5 if quick else 8)))
-            half = _phase("mrl", target, url, half_n, rate=half_rate)
+            half = _phase("mrl", targets[:1], url, half_n, rate=half_rate)
             print(f"  mrl at half load ({half_rate:.0f} exp/s offered): {half['exp_per_s']:.0f} exp/s  p50 "
                   f"{half['p50_ms']} ms  p99 {half['p99_ms']} ms", flush=True)
-        # once the exchange has let go of their groups
-        benchmarking.delete_keys(url, _patterns(peak["run_id"], half["run_id"]))
+            spread = _phase("mrl", targets, url, n) if replicas > 1 else None
+            if spread:
+                print(f"  mrl, {replicas} replicas {spread['exp_per_s']:>7.0f} exp/s   p50 {spread['p50_ms']} ms  p99 "
+                      f"{spread['p99_ms']} ms   ({spread['exp_per_s'] / peak['exp_per_s']:.2f}× one replica)",
+                      flush=True)
+        # once the exchanges have let go of their groups
+        phases = [peak, half, *([spread] if spread else [])]
+        benchmarking.delete_keys(url, _patterns(*(phase["run_id"] for phase in phases)))
     ratio = round(peak["exp_per_s"] / raw["exp_per_s"], 3)
     result = {"bench": "exchange", "machine": machine, "quick": quick, "experiences": n, "experience_bytes": size,
               "producers": PRODUCERS, "subscribers": SUBSCRIBERS, "batch": BATCH, "hiredis": HIREDIS_AVAILABLE,
@@ -249,7 +270,19 @@ def main(quick: bool = False) -> None:
               "latency": "subscriber receive - created_at stamped just before Publish (wall clock, same host)",
               "targets": TARGETS,
               "pass": {"ratio": ratio >= TARGETS["ratio"],
-                       "p99_ms_at_half_load": half["p99_ms"] <= TARGETS["p99_ms_at_half_load"]}}
+                       "p99_ms_at_half_load": half["p99_ms"] <= TARGETS["p99_ms_at_half_load"]},
+              "replicas": replicas}
+    if spread:
+        cores = os.cpu_count() or 1
+        result.update({
+            "replica_exp_per_s": {"1": peak["exp_per_s"], str(replicas): spread["exp_per_s"]},
+            "replica_p99_ms": {"1": peak["p99_ms"], str(replicas): spread["p99_ms"]},
+            "replica_anchor": "1 replica, same run", "replica_ratio": round(spread["exp_per_s"] / peak["exp_per_s"], 3),
+            "cores": cores,
+            "replica_note": (f"{cores} cores run Redis, {replicas} replicas and the worker processes: replicas cannot "
+                             f"add throughput here, the ratio measures what another process costs"
+                             if cores < 2 * (replicas + 1) else
+                             "each replica, Redis and the workers can have cores of their own")})
     print(f"  ratio {ratio} (target ≥ {TARGETS['ratio']}), p99 at half load {half['p99_ms']} ms "
           f"(target ≤ {TARGETS['p99_ms_at_half_load']} ms)")
     print(json.dumps(result), flush=True)

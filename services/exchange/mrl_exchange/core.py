@@ -15,11 +15,12 @@ until acked (see subscription.py for redelivery).
 import logging
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from mrl import experience
 from mrl.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable
-from mrl_serving.redis_io import ping, redis_call
+from mrl_serving.redis_io import connect, ping, redis_call
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
@@ -110,7 +111,7 @@ return -1
 class Exchange:
     """Publish, ack, list and administer typed experience in Redis. Subscribe: see `subscription`."""
 
-    def __init__(self, redis: aioredis.Redis, settings: ExchangeSettings | None = None):
+    def __init__(self, redis: aioredis.Redis | RedisCluster, settings: ExchangeSettings | None = None):
         self.redis = redis
         self.settings = settings or ExchangeSettings()
         self.limits = experience.Limits(self.settings.max_experience_bytes, self.settings.max_tokens)
@@ -126,12 +127,11 @@ class Exchange:
 
     @classmethod
     def from_url(cls, url: str, settings: ExchangeSettings | None = None) -> "Exchange":
-        """A client whose pool holds a connection for every subscription's blocking read plus headroom;
-        when all are busy a command waits (up to 10 s) for one instead of failing."""
+        """A client (of a Redis Cluster with settings.redis_cluster) whose pool holds a connection for every
+        subscription's blocking read plus headroom (see redis_io.connect)."""
         settings = settings or ExchangeSettings()
-        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=settings.max_subscriptions + 64,
-                                                        timeout=10, decode_responses=False)
-        return cls(aioredis.Redis(connection_pool=pool), settings)
+        return cls(connect(url, cluster=settings.redis_cluster, max_connections=settings.max_subscriptions + 64),
+                   settings)
 
     def open_session(self, session) -> None:
         """Admit a subscription within the caps (RESOURCE_EXHAUSTED beyond them)."""

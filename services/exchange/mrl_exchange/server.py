@@ -16,19 +16,19 @@ class ExchangeServicer:
     def __init__(self, exchange: Exchange, auth: Authenticator, limiter: RateLimiter):
         self.exchange, self.auth, self.limiter = exchange, auth, limiter
 
-    def _principal(self, context: grpc.aio.ServicerContext, cost: float = 1.0) -> Principal:
-        return grpc_principal(self.auth, self.limiter, context, cost)
+    async def _principal(self, context: grpc.aio.ServicerContext, cost: float = 1.0) -> Principal:
+        return await grpc_principal(self.auth, self.limiter, context, cost)
 
     async def Publish(self, request: xpb.PublishRequest, context) -> xpb.PublishResponse:
         # An oversize batch is refused by validation (INVALID_ARGUMENT), not by the rate limit.
         cost = min(max(1, len(request.experiences)), self.exchange.settings.max_batch)
-        principal = self._principal(context, cost)
+        principal = await self._principal(context, cost)
         for exp in request.experiences:
             principal.require_policy(exp.producer, exp.run_id, "publish")
         return await self.exchange.publish(list(request.experiences))
 
     async def Subscribe(self, request: xpb.SubscribeRequest, context):
-        principal = self._principal(context)
+        principal = await self._principal(context)
         principal.require_policy(request.subscriber, request.run_id, "subscribe")
         subscription = Subscription(self.exchange, request, owner=principal.name)
         yield xpb.SubscribeResponse(subscription_id=subscription.id)
@@ -37,20 +37,20 @@ class ExchangeServicer:
 
     async def Ack(self, request: xpb.AckRequest, context) -> xpb.AckResponse:
         cost = min(max(1, len(request.delivery_ids)), self.exchange.settings.max_in_flight_limit)
-        principal = self._principal(context, cost)
+        principal = await self._principal(context, cost)
         principal.require_policy(request.subscriber, request.run_id, "ack")
         acked = await self.exchange.ack(request.run_id, request.subscriber, request.delivery_ids,
                                         request.subscription_id)
         return xpb.AckResponse(acked=acked)
 
     async def ListTopics(self, request: xpb.ListTopicsRequest, context) -> xpb.ListTopicsResponse:
-        self._principal(context).require_run(request.run_id)
+        (await self._principal(context)).require_run(request.run_id)
         topics = await self.exchange.topics(request.run_id)
         return xpb.ListTopicsResponse(topics=[
             xpb.Topic(run_id=request.run_id, kind=experience.kind_enum(k), producer=p) for k, p in topics])
 
     async def GetTopicStats(self, request: xpb.GetTopicStatsRequest, context) -> xpb.GetTopicStatsResponse:
-        self._principal(context).require_run(request.run_id)
+        (await self._principal(context)).require_run(request.run_id)
         kind = experience.kind_name(request.kind) if request.kind else ""
         stats = await self.exchange.topic_stats(request.run_id, kind, request.producer)
         return xpb.GetTopicStatsResponse(topics=stats)

@@ -14,6 +14,10 @@ Staleness: an entry of producer p with version v is dropped (acked, never delive
 
 A delivery counts against the credit until acked or until its visibility timeout passes
 (after which it may be delivered again, so holding its credit longer would only leak it).
+An Ack may reach any replica of the exchange: the replica that serves the subscription returns
+the credit at once when the Ack reaches it, and otherwise finds it in Redis: while it waits for
+credit it looks, every _RECONCILE_S, which of its in-flight deliveries are no longer pending for
+its consumer (XPENDING), and returns theirs.
 
 Response size: each SubscribeResponse stays within the subscriber's max_response_bytes (0: gRPC's
 default receive limit, 4 MiB, so a client with default settings never gets a message it must
@@ -30,7 +34,7 @@ from redis.exceptions import RedisError, ResponseError
 from mrl import experience
 from mrl.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
-from mrl_exchange.core import Exchange, redis_call, start_key, stream_key
+from mrl_exchange.core import Exchange, _text, redis_call, start_key, stream_key
 from mrl_exchange.wire import RawSubscribeResponse
 
 __all__ = ["Subscription"]
@@ -39,6 +43,8 @@ _REFRESH_S = 1.0  # how often new topics and producers' latest versions are look
 _BLOCK_MS = 250   # longest XREADGROUP wait, so new topics and claims are noticed
 _MIN_VISIBILITY_MS, _MAX_VISIBILITY_MS = 100, 24 * 3600 * 1000
 _SWEEP_S = 60.0   # at least this long between sweeps of abandoned consumers
+_RECONCILE_S = 0.1  # while out of credit, how often deliveries acked through another replica are looked up
+_PENDING_PAGE = 1000     # XPENDING entries read per call while looking
 DEFAULT_RESPONSE_BYTES = 4 << 20  # max_response_bytes 0: gRPC's default receive limit in every language
 _RESPONSE_HEADROOM = 1 << 10      # bytes of a SubscribeResponse beside its deliveries (the subscription id)
 MIN_RESPONSE_BYTES = 64 << 10     # the smallest max_response_bytes accepted: below it little experience would fit
@@ -106,9 +112,10 @@ class Subscription:
                 if credit == 0:
                     self._credit.clear()
                     try:
-                        await asyncio.wait_for(self._credit.wait(), timeout=min(1.0, self.visibility_ms / 4000))
+                        await asyncio.wait_for(self._credit.wait(),
+                                               timeout=min(_RECONCILE_S, self.visibility_ms / 4000))
                     except asyncio.TimeoutError:
-                        pass
+                        await self._release_acked_elsewhere()
                     continue
                 batch = await self._next_entries(credit)
                 response, used, stale = self._deliver(batch[:credit])
@@ -131,6 +138,34 @@ class Subscription:
         key = start_key(self.run_id, self.subscriber)
         await redis_call(self.redis.set(key, f"{sec * 1000 + usec // 1000}-0", nx=True))
         return (await redis_call(self.redis.get(key))).decode()
+
+    async def _release_acked_elsewhere(self) -> None:
+        """Return the credit of in-flight deliveries no longer pending for this consumer: acked through another
+        replica (or claimed by a sibling subscription after their visibility timeout)."""
+        by_key: dict[str, dict[str, str]] = {}  # stream key -> {entry id: delivery id}
+        for delivery_id in self._in_flight:
+            kind, producer, entry_id = delivery_id.split(":")
+            by_key.setdefault(stream_key(self.run_id, kind, producer), {})[entry_id] = delivery_id
+        acked = []
+        for key, entries in by_key.items():
+            pending = await self._pending_between(key, min(entries, key=_entry_order),
+                                                  max(entries, key=_entry_order))
+            acked += [d for entry_id, d in entries.items() if entry_id not in pending]
+        if acked:
+            self.release(acked)
+
+    async def _pending_between(self, key: str, first: str, last: str) -> set[str]:
+        """The entry ids from first to last (inclusive) pending for this consumer, a page at a time."""
+        pending: set[str] = set()
+        start = first
+        while True:
+            page = await redis_call(self.redis.xpending_range(key, self.subscriber, min=start, max=last,
+                                                              count=_PENDING_PAGE, consumername=self.id))
+            ids = [_text(p["message_id"]) for p in page]
+            pending.update(ids)
+            if len(ids) < _PENDING_PAGE:
+                return pending
+            start = f"({ids[-1]}"
 
     # -- reading ---------------------------------------------------------------------------
     def _free_credit(self) -> int:
@@ -322,3 +357,8 @@ def _payload_and_version(fields: list) -> tuple[bytes, int]:
         return fields[1], int(fields[3])
     named = dict(zip(fields[::2], fields[1::2]))
     return named[b"e"], int(named[b"v"])
+
+
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)

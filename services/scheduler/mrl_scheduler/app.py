@@ -27,8 +27,8 @@ class SchedulerServer(ServiceServer):
     """The gRPC and REST servers over one Scheduler core; `await start()`, then `port` and `admin_port`."""
 
     def __init__(self, settings: SchedulerSettings, redis_url: str):
-        super().__init__("scheduler", settings)
         self.core = Scheduler.from_url(redis_url, settings)
+        super().__init__("scheduler", settings, self.core.redis, self.core.key("rl:"))
         self.dispatcher = Dispatcher(self.core)
 
     async def start(self) -> None:

@@ -28,6 +28,7 @@ Keys (prefix `mrl:sched:{ns}:`; the braces are a Redis Cluster hash tag, one slo
                         (fairshare.py)
     pstate              hash per policy p: p|vt, p|adv, p|wt, p|held, p|usage, p|est|<phase>
                         (fairshare.py)
+    rl:<principal>      the principal's rate-limit bucket, shared by the replicas (mrl_serving.ratelimit)
     events              stream of granted / released / expired / revoked / refused, one field e =
                         "type id policy worker phase run token devices expires at why" (tabs)
 
@@ -44,12 +45,13 @@ import uuid
 from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis import Redis as BlockingRedis
 from redis.exceptions import NoScriptError, RedisError
 
 from mrl import experience
 from mrl.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from mrl_serving.redis_io import ping, redis_call
+from mrl_serving.redis_io import connect, ping, redis_call
 from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler.fairshare import ESTIMATE_ALPHA, weight_of
 from mrl_scheduler.inventory import DeviceSpec
@@ -119,12 +121,12 @@ def _pass(reply) -> Pass:
 class Scheduler:
     """The MWRA core: register, submit / status / cancel, renew, release, tick, and the read views."""
 
-    def __init__(self, redis: aioredis.Redis | BlockingRedis, settings: SchedulerSettings | None = None,
-                 clock: Callable[[], int] | None = None):
-        """`redis` decodes responses: a redis.asyncio client, or a blocking redis.Redis, which serves the state
-        changes (register, submit, status, cancel, renew, release, tick) over one connection of its own, without
-        an event-loop round trip per call — for one thread (the simulation, a test process); the reads need the
-        asyncio client.
+    def __init__(self, redis: aioredis.Redis | RedisCluster | BlockingRedis,
+                 settings: SchedulerSettings | None = None, clock: Callable[[], int] | None = None):
+        """`redis` decodes responses: a redis.asyncio client (of one server or a cluster), or a blocking
+        redis.Redis, which serves the state changes (register, submit, status, cancel, renew, release, tick) over
+        one connection of its own, without an event-loop round trip per call — for one thread (the simulation, a
+        test process); the reads need the asyncio client.
         `clock` returns ms (default: Redis's TIME)."""
         self.redis, self.settings, self.clock = redis, settings or SchedulerSettings(), clock
         self.prefix = namespace_prefix(self.settings.namespace)
@@ -134,12 +136,13 @@ class Scheduler:
                         s.backfill_slack]
         self._liveness_ms = int(s.request_liveness_s * 1000)
         self._devices: dict[str, spb.Device] = {}
-        self._conn = None if isinstance(redis, aioredis.Redis) else redis.connection_pool.get_connection()
+        self._conn = redis.connection_pool.get_connection() if isinstance(redis, BlockingRedis) else None
 
     @classmethod
     def from_url(cls, url: str, settings: SchedulerSettings | None = None, clock=None) -> "Scheduler":
-        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=128, timeout=10, decode_responses=True)
-        return cls(aioredis.Redis(connection_pool=pool), settings, clock)
+        settings = settings or SchedulerSettings()
+        return cls(connect(url, cluster=settings.redis_cluster, max_connections=128, decode_responses=True),
+                   settings, clock)
 
     async def close(self) -> None:
         if self._conn is None:

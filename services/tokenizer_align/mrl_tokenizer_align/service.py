@@ -117,23 +117,23 @@ class AlignServicer:
     def __init__(self, aligner: Aligner, auth: Authenticator, limiter: RateLimiter):
         self.aligner, self.auth, self.limiter = aligner, auth, limiter
 
-    def _principal(self, context, cost: float = 1.0):
-        return grpc_principal(self.auth, self.limiter, context, cost)
+    async def _principal(self, context, cost: float = 1.0):
+        return await grpc_principal(self.auth, self.limiter, context, cost)
 
     async def Align(self, request, context):
-        self._principal(context)
+        await self._principal(context)
         return await asyncio.to_thread(self.aligner.align, request)
 
     async def AlignBatch(self, request, context):
-        self._principal(context, cost=min(max(1, len(request.requests)), self.aligner.settings.max_batch))
+        await self._principal(context, cost=min(max(1, len(request.requests)), self.aligner.settings.max_batch))
         return await asyncio.to_thread(self.aligner.align_batch, request)
 
     async def RegisterTokenizer(self, request, context):
-        self._principal(context).require_admin()
+        (await self._principal(context)).require_admin()
         return await asyncio.to_thread(self.aligner.register, request)
 
     async def ListTokenizers(self, request, context):
-        self._principal(context)
+        await self._principal(context)
         return self.aligner.list()
 
 
@@ -148,8 +148,8 @@ def _check_reductions(doc: dict) -> None:
                 raise InvalidArgument(f"trace reduction {reduction} is not a TraceReduction (0-4 or its name)")
 
 
-def _rest_call(work, request_cls, raw: bytes) -> dict:
-    """JSON body -> request message -> work -> JSON-ready dict, all off the event loop."""
+def _parse(request_cls, raw: bytes):
+    """JSON body -> request message (off the event loop)."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
@@ -161,6 +161,11 @@ def _rest_call(work, request_cls, raw: bytes) -> dict:
         message = json_format.ParseDict(doc, request_cls())
     except (json_format.ParseError, RecursionError) as exc:
         raise InvalidArgument(f"malformed {request_cls.DESCRIPTOR.name}: {exc}") from None
+    return message
+
+
+def _answer(work, message) -> dict:
+    """work(message) -> JSON-ready dict (off the event loop)."""
     return json_format.MessageToDict(work(message), preserving_proto_field_name=True)
 
 
@@ -175,7 +180,8 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
 
     limit = aligner.settings.max_message_bytes
 
-    async def call(request: Request, work, request_cls) -> dict:
+    async def call(request: Request, work, request_cls, charge=None) -> dict:
+        """Read and parse the body, `await charge(message)` when given, answer work(message)."""
         declared = int(request.headers.get("content-length") or 0)
         if declared > limit:
             raise InvalidArgument(f"the body is {declared} bytes; at most {limit} (MRL_MAX_MESSAGE_BYTES)")
@@ -184,7 +190,10 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
             raw += chunk
             if len(raw) > limit:
                 raise InvalidArgument(f"the body exceeds {limit} bytes (MRL_MAX_MESSAGE_BYTES)")
-        return await asyncio.to_thread(_rest_call, work, request_cls, bytes(raw))
+        message = await asyncio.to_thread(_parse, request_cls, bytes(raw))
+        if charge is not None:
+            await charge(message)
+        return await asyncio.to_thread(_answer, work, message)
 
     @app.post("/v1/align", dependencies=[Depends(principal)], **proto_json(tpb.AlignRequest, tpb.AlignResponse))
     async def align_one(request: Request):
@@ -192,11 +201,10 @@ def create_rest_app(aligner: Aligner, auth: Authenticator, limiter: RateLimiter)
 
     @app.post("/v1/align/batch", **proto_json(tpb.AlignBatchRequest, tpb.AlignBatchResponse))
     async def align_many(request: Request, who=Depends(principal)):
-        def work(batch: tpb.AlignBatchRequest) -> tpb.AlignBatchResponse:
+        async def charge(batch: tpb.AlignBatchRequest) -> None:
             # charged per alignment, as over gRPC (the dependency took one already)
-            limiter.take(who.name, min(max(0, len(batch.requests) - 1), aligner.settings.max_batch))
-            return aligner.align_batch(batch)
-        return await call(request, work, tpb.AlignBatchRequest)
+            await limiter.take(who.name, min(max(0, len(batch.requests) - 1), aligner.settings.max_batch))
+        return await call(request, aligner.align_batch, tpb.AlignBatchRequest, charge)
 
     @app.get("/v1/tokenizers", dependencies=[Depends(principal)], **proto_json(response_cls=tpb.ListTokenizersResponse))
     async def tokenizers():

@@ -37,6 +37,7 @@ import torch
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.sharing import Plan, SharingMode
+from mrl_trainer.sharing.base import solo_advantages
 
 __all__ = ["Sequences", "micro_batches", "update", "gradient", "LogProbs"]
 
@@ -81,6 +82,8 @@ class _Work:
     own_groups: list[list[list[int]]]       # [mini-batch][micro-batch] → indices into own
     extra_groups: list[list[list[int]]]     # [mini-batch][micro-batch] → indices into peer
     weights: list[float]                    # [mini-batch] → w_b = P / P_b
+    solo_advantages: torch.Tensor | None    # the guard's: own-group advantages of the active samples
+    solo_totals: dict | None                # and the solo loss's normalisers
 
 
 def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
@@ -88,11 +91,15 @@ def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list
     return [[i for i in indices if prompt_of[i] in part] for part in parts]
 
 
-def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1) -> _Work:
+def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing: SharingMode | None = None) -> _Work:
+    """With `sharing` (its guard on), the solo loss's advantages and normalisers too, and the own samples that
+    either loss needs."""
     flat = [s for group in batch.samples for s in group]
     flat_prompt = [p for p, group in enumerate(batch.samples) for _ in group]
     own_prompts = [group[0].prompt_ids for group in batch.samples]
-    active = [i for i, s in enumerate(flat) if s.ids and (loss_cfg.beta > 0 or plan.advantages[i] != 0)]
+    solo = solo_advantages(batch, loss_cfg) if sharing is not None else torch.zeros_like(plan.advantages)
+    active = [i for i, s in enumerate(flat)
+              if s.ids and (loss_cfg.beta > 0 or plan.advantages[i] != 0 or solo[i] != 0)]
     extras = [e for e in plan.extras if e.ids]
     own = Sequences([flat[i].prompt_ids for i in active], [flat[i].ids for i in active])
     peer = Sequences([own_prompts[e.prompt_index] for e in extras], [e.ids for e in extras])
@@ -109,23 +116,26 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1) -> _Wor
     return _Work(len(flat), active, plan.advantages[active], own, extras, peer,
                  [grouped(part, own_lengths) for part in own_parts],
                  [grouped(part, peer_lengths) for part in peer_parts],
-                 [n_prompts / max(len(part), 1) for part in parts])
+                 [n_prompts / max(len(part), 1) for part in parts],
+                 solo[active] if sharing is not None else None,
+                 sharing.own_totals(batch) if sharing is not None else None)
 
 
-def _backward(loss: torch.Tensor, scale: float, step: int) -> float:
+def _backward(loss: torch.Tensor, scale: float, step: int, retain_graph: bool = False) -> float:
     if not torch.isfinite(loss):
         raise TrainerError(f"non-finite loss ({loss.item()}) at step {step}: no update was "
                            f"applied; lower loss.lr or check the rewards and the model's dtype")
-    (loss * scale if scale != 1.0 else loss).backward()
+    (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
     return loss.item()
 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
-                scale: float = 1.0) -> float:
+                scale: float = 1.0, solo: list | None = None, params: list | None = None) -> float:
     """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
-    statistics to `per_sequence`."""
+    statistics to `per_sequence`. With `solo` (the guard's buffers, one per param), also adds ∇ of scale × the
+    solo loss (own-group advantages, solo normalisers) of the same forward into it."""
     loss_total = 0.0
     for g in work.own_groups[b]:
         prompts, completions = work.own.take(g)
@@ -134,10 +144,19 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
         if reference is not None:
             with torch.no_grad():
                 ref = reference(prompts, completions)[0]
-        loss, stats = sharing.own_loss(logp, logp.detach() if old is None else old[tuple(g)],
-                                       work.advantages[g].to(logp.device), mask, ref_logp=ref,
+        old_logp = logp.detach() if old is None else old[tuple(g)]
+        loss, stats = sharing.own_loss(logp, old_logp, work.advantages[g].to(logp.device), mask, ref_logp=ref,
                                        max_tokens=max_tokens, totals=plan.totals)
-        loss_total += _backward(loss, scale, step)
+        if solo is not None:
+            solo_loss, _ = sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask,
+                                            ref_logp=ref, max_tokens=max_tokens, totals=work.solo_totals)
+            loss_total += _backward(loss, scale, step, retain_graph=True)
+            grads = torch.autograd.grad(solo_loss * scale, params, allow_unused=True)
+            for i, gr in enumerate(grads):
+                if gr is not None:
+                    solo[i] = gr if solo[i] is None else solo[i] + gr
+        else:
+            loss_total += _backward(loss, scale, step)
         for name, value in stats.items():
             sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active)
     for g in work.extra_groups[b]:
@@ -153,24 +172,28 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
 def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: SharingMode, loss_cfg,
            batch: StepBatch, plan: Plan, *, max_tokens: int, reference: LogProbs | None = None) -> dict[str, float]:
     """μ = loss_cfg.updates_per_step passes of k = loss_cfg.mini_batches optimizer steps on the batch and the
-    plan's extras; the step's statistics (the last pass's). {"skipped": 1, ...} and no update when nothing
-    has a gradient."""
-    work = _work(batch, plan, loss_cfg, loss_cfg.mini_batches)
+    plan's extras, each through the mode's guard when it has one (mrl_trainer.guard); the step's statistics
+    (the last pass's). {"skipped": 1, ...} and no update when nothing has a gradient."""
+    guard = sharing.guard
+    work = _work(batch, plan, loss_cfg, loss_cfg.mini_batches, sharing if guard is not None else None)
     if not work.active and not work.extras:
         return {"skipped": 1.0, "extras": 0, **plan.stats}
     old = None
     if loss_cfg.updates_per_step * len(work.own_groups) > 1:
         with torch.no_grad():
             old = {tuple(g): logprobs(*work.own.take(g))[0] for part in work.own_groups for g in part}
-    m = 0
+    m, evidence = 0, []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
         for b in range(len(work.own_groups)):
             if not work.own_groups[b] and not work.extra_groups[b]:
                 continue
+            solo = [None] * len(params) if guard is not None else None
             loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
                                       reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
-                                      scale=work.weights[b])
+                                      scale=work.weights[b], solo=solo, params=params)
+            if guard is not None:
+                evidence.append(guard.combine(params, solo))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -180,20 +203,27 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             m += 1
     if per_sequence:
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
+    if guard is not None:
+        sums.update(guard.observe(evidence))
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
             "extras": len(work.extras), "updates": m, **plan.stats, **sums}
 
 
 def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMode, loss_cfg, batch: StepBatch,
              plan: Plan, *, max_tokens: int, reference: LogProbs | None = None) -> torch.Tensor:
-    """ĝ = ∇_θ of the whole-step loss (one mini-batch, m = 0), before clipping, flattened (float64); zeros when
-    nothing is forwarded. No optimizer step; the parameters' gradients are cleared before and after."""
-    work = _work(batch, plan, loss_cfg)
+    """ĝ = the direction the update steps on for the whole-step loss (one mini-batch, m = 0; through the mode's
+    guard, at its current trust, when it has one), before clipping, flattened (float64); zeros when nothing is
+    forwarded. No optimizer step, no trust update; the parameters' gradients are cleared before and after."""
+    guard = sharing.guard
+    work = _work(batch, plan, loss_cfg, sharing=sharing if guard is not None else None)
     for p in params:
         p.grad = None
     if work.active or work.extras:
+        solo = [None] * len(params) if guard is not None else None
         _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
-                    step=batch.step, sums={}, per_sequence={})
+                    step=batch.step, sums={}, per_sequence={}, solo=solo, params=params)
+        if guard is not None:
+            guard.combine(params, solo)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
         p.grad = None

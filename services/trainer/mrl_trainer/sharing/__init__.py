@@ -20,6 +20,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model
 
+from mrl_trainer.guard import Guard, GuardConfig
+
 from mrl_trainer.sharing.base import Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier
 from mrl_trainer.sharing.hacpo import HACPO
 from mrl_trainer.sharing.none import NoSharing
@@ -47,7 +49,7 @@ class Coordination:
     summary = {"thl_one_to_one": "mean THL 1:1 share"}
 
 
-STAT_SOURCES = (*MODES, Coordination)    # everything that declares logged statistics, in report order
+STAT_SOURCES = (*MODES, Coordination, Guard)    # everything that declares logged statistics, in report order
 
 
 def stat_labels() -> dict[str, str]:
@@ -72,6 +74,7 @@ class _Sharing(BaseModel):
     max_staleness: int = Field(1, ge=0, description="Drop peer experience whose policy version is below "
                                                     "(own step − max_staleness).")
     align: AlignConfig | None = Field(None, description="THL, to retokenize peers whose tokenizer differs.")
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="The no-harm guard (on by default).")
 
 
 def _member(mode: type[SharingMode]) -> type[_Sharing]:

@@ -19,10 +19,11 @@ from pydantic import BaseModel
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
+from mrl_trainer.guard import Guard
 from mrl_trainer.losses import group_advantages, policy_loss
 
 __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
-           "cross_log_ratio", "PEER_STATS"]
+           "cross_log_ratio", "solo_advantages", "PEER_STATS"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,11 @@ def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: 
     return (torch.where(mask.bool(), logp, 0.0).sum(-1) - behaviour_logp) / chunks.clamp(min=1)
 
 
+def solo_advantages(batch: StepBatch, loss) -> Tensor:
+    """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std), flat (N,): solo's."""
+    return group_advantages(torch.tensor(batch.rewards, dtype=torch.float32), scale=loss.scale_rewards).flatten()
+
+
 PEER_STATS = {"peer_samples": "peer samples used",
               "peer_reward_disputed": "peer rewards disputed by the own verifier"}   # modes that pool rollouts
 
@@ -131,8 +137,10 @@ class SharingMode:
     summary: ClassVar[dict[str, str]] = {}
 
     def __init__(self, sharing, loss):
-        """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig."""
+        """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig. A mode that takes peers' experience
+        has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
+        self.guard = Guard(sharing.guard) if self.kinds and sharing.guard.enabled else None
 
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
@@ -140,9 +148,7 @@ class SharingMode:
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std)."""
-        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float32),
-                                      scale=self.loss.scale_rewards).flatten()
-        return Plan(advantages, totals=self.own_totals(batch))
+        return Plan(solo_advantages(batch, self.loss), totals=self.own_totals(batch))
 
     def own_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
                  max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:

@@ -1,0 +1,407 @@
+"""TRL's GRPOTrainer joins a mutual run: `MutualGRPOTrainer` (pip install ./sdk[trl], TRL 1.16.0).
+
+    from mrl import AlignClient, ExchangeClient
+    from mrl.integrations.trl import Mutual, MutualGRPOTrainer
+
+    trainer = MutualGRPOTrainer(model=model, reward_funcs=correct, args=grpo_config, train_dataset=dataset,
+                                processing_class=tokenizer,
+                                mutual=Mutual(exchange=ExchangeClient(target, token), run_id="run-1",
+                                              policy="trl-gpt2", tokenizer_id="gpt2", sharing="sgt",
+                                              peers=["llama-tiny"], align=AlignClient(thl_target, token)))
+    trainer.train()
+    trainer.close()
+
+A subclass of TRL 1.16's GRPOTrainer; its loss is TRL's, untouched. Each generation batch (one step t of the
+run: its P prompts × G completions) goes through `_generate_and_score_completions` as in TRL, then:
+
+    publish   rollouts (text, token ids, behaviour log-probs, reward, verdict), group_stats, verified
+              successes (reward ≥ success_reward) and policy_stats, under `policy` at version t
+              (mrl.experience.step_experiences: the same kinds and fields as the mrl trainer's)
+    peers     with a sharing mode: what the peers published for the same prompt ids, waited for at most
+              peer_wait_s (mrl.peers.PeerInbox), their responses retokenized by THL (mrl.peers.Retokenizer)
+    xgrpo     the advantages of the prompts the peers scored are replaced by the pooled ones (`pooled_advantages`)
+    sgt       the re-verified peer successes of the failed prompts form the rescue set S; `_compute_loss` adds
+              λ·NLL(S) to TRL's loss (`rescue_nll`)
+
+Prompts are matched by the dataset's `prompt_id` column: the run's task ids (e.g. the mrl trainer's
+"arithmetic-L1:train:0:17"). The mrl trainer takes task.batch(t, P) at step t; a TRL trainer sees the same prompts
+at its step t when its dataset holds the task's train problems in order, `shuffle_dataset=False`, and P =
+generation_batch_size / num_generations equals the peers' prompts per step. Step t is the t-th generation
+batch of this trainer (a generation batch feeds steps_per_generation × num_iterations optimizer micro-steps).
+
+With no sharing (`sharing="none"`), or no peer publishing, the trainer trains exactly as GRPOTrainer: the
+advantages and the loss are TRL's, and the one extra forward pass that gives the published behaviour
+log-probs (when TRL does not compute old_per_token_logps) runs under torch.no_grad with the RNG state
+restored. A peer's claimed reward is never trusted: SGT re-verifies each success with this trainer's own reward
+functions (TRL's `_calculate_rewards`, the same kwargs and weights as for its own completions). XGRPO pools
+the peers' group rewards as published (it moves only baselines; docs/algorithms.md).
+
+One process (no multi-GPU data parallelism yet), text-only prompts (plain strings or chat messages).
+Statistics go to TRL's own logs under `mrl/` (mrl/published, mrl/peers_complete, mrl/xgrpo_pooled,
+mrl/sgt_accepted, mrl/sgt_rejected, mrl/sgt_nll, mrl/peer_experiences_used, mrl/thl_*), and to
+`MutualGRPOTrainer.mutual_log`, one dict per step.
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+
+from mrl.errors import InvalidArgument, Unavailable
+from mrl.experience import Group, Response, step_experiences, validate_name
+from mrl.peers import Arrived, PeerInbox, Retokenizer
+
+__all__ = ["Mutual", "MutualGRPOTrainer", "SHARING_KINDS", "pooled_advantages", "rescue_nll"]
+
+log = logging.getLogger("mrl.integrations.trl")
+
+# sharing mode → the experience kinds it takes from peers (the mrl trainer's modes of the same names)
+SHARING_KINDS: dict[str, tuple[str, ...]] = {"none": (), "xgrpo": ("group_stats",), "sgt": ("success",)}
+EPS = 1e-4      # TRL's and mrl's ε of the group std
+
+
+@dataclass
+class Mutual:
+    """How a TRL trainer joins a run. The knobs of xgrpo and sgt are the mrl trainer's (`sharing.xgrpo`,
+    `sharing.sgt`; docs/algorithms.md) under the same names."""
+    exchange: object                       # an mrl.ExchangeClient, authenticated as `policy`
+    run_id: str
+    policy: str                            # this trainer's policy id (its token's principal)
+    tokenizer_id: str                      # THL's id of this model's tokenizer, e.g. "gpt2"
+    sharing: Literal["none", "xgrpo", "sgt"] = "none"
+    peers: list[str] = field(default_factory=list)   # producers to wait for (empty: any one producer)
+    peer_wait_s: float = 30.0              # the longest wait for the peers' experience of a step
+    max_staleness: int = 1                 # peer experience older than (t − max_staleness) versions is dropped
+    align: object | None = None            # an mrl.AlignClient (THL): required for peers of another tokenizer
+    success_reward: float = 1.0            # a completion whose reward reaches it is a verified success
+    window: int = 5                        # capability P̂ = mean batch reward over the last `window` steps
+    uniform_groups: Literal["pooled", "zero"] = "pooled"      # xgrpo
+    lam: float = 0.1                       # sgt: λ
+    per_prompt: int = 1                    # sgt: most accepted peer successes per rescued prompt
+    tau: float = 0.0                       # sgt: rescue a prompt when the own success rate ≤ τ
+    normalize: Literal["responses", "prompts"] = "responses"  # sgt: the NLL's divisor N
+
+    def __post_init__(self):
+        validate_name("run_id", self.run_id)
+        validate_name("policy", self.policy)
+        for peer in self.peers:
+            validate_name("peer", peer)
+        choices = {"sharing": (self.sharing, tuple(SHARING_KINDS)), "uniform_groups": (self.uniform_groups,
+                   ("pooled", "zero")), "normalize": (self.normalize, ("responses", "prompts"))}
+        for name, (value, valid) in choices.items():
+            if value not in valid:
+                raise InvalidArgument(f"{name} {value!r} is not one of {', '.join(valid)}")
+        if self.policy in self.peers:
+            raise InvalidArgument(f"peers {self.peers} lists this policy itself ({self.policy!r})")
+        if not self.tokenizer_id:
+            raise InvalidArgument("tokenizer_id is empty: give THL's id of this model's tokenizer (e.g. 'gpt2')")
+        bounds = {"peer_wait_s": (self.peer_wait_s, 0), "max_staleness": (self.max_staleness, 0),
+                  "window": (self.window, 1), "lam": (self.lam, 0), "per_prompt": (self.per_prompt, 1),
+                  "tau": (self.tau, 0)}
+        for name, (value, low) in bounds.items():
+            if value < low:
+                raise InvalidArgument(f"{name} is {value}; it must be >= {low}")
+        if self.tau > 1:
+            raise InvalidArgument(f"tau is {self.tau}; it is a success rate, in [0, 1]")
+
+
+def pooled_advantages(own: Tensor, peer: list[float], scale: bool, uniform_groups: str = "pooled"
+                      ) -> tuple[Tensor, bool]:
+    """XGRPO (Mutual RL): the advantages of one prompt's own G completions against a baseline pooled with the
+    rewards its peers published for the same prompt; and whether an own group of equal rewards was moved.
+
+        pool_x = {R_i^k}_{i ≤ G} ∪ {R^j from group_stats_j(x)}_j
+        A_i^k  = (R_i^k − mean(pool_x)) / (std(pool_x) + ε)          scale (TRL scale_rewards="group")
+        A_i^k  =  R_i^k − mean(pool_x)                               no scale (scale_rewards="none")
+
+    std is the unbiased (n − 1) standard deviation, ε = 1e-4 (TRL's and mrl's). A pool of equal rewards gives
+    A = 0. An own group of equal rewards in a pool that differs: uniform_groups "pooled" scores it against the
+    pool (the paper), "zero" leaves A = 0 as GRPO. Unscorable own completions (NaN reward, TRL: every reward
+    function returned None) stay out of the pool and get A = 0, as TRL gives them. own: (G,); returns (G,)."""
+    ok = ~torch.isnan(own)
+    pool = torch.cat([own[ok], torch.tensor(peer, dtype=own.dtype, device=own.device)])
+    advantages = own - pool.mean()
+    if scale:
+        std = pool.std() if pool.numel() > 1 else pool.new_zeros(())
+        advantages = advantages / (std + EPS)
+    if bool((pool == pool[0]).all()):
+        advantages = torch.zeros_like(own)
+    advantages = torch.where(ok, advantages, 0.0)
+    mine = own[ok]
+    uniform = mine.numel() > 0 and bool((mine == mine[0]).all()) and bool((advantages[ok] != 0).any())
+    if uniform and uniform_groups == "zero":
+        advantages = torch.zeros_like(own)
+    return advantages, uniform
+
+
+def rescue_nll(logp: Tensor, mask: Tensor, lam: float, divisor: int) -> Tensor:
+    """SGT (Mutual RL): the auxiliary term on the rescue set S, added to TRL's GRPO loss,
+
+        L = L_GRPO(own) + λ · (1/N) Σ_{y ∈ S} (1/|y|) Σ_t −log π_θ(y_t | x, y_<t)
+
+    over the rescued responses in this policy's tokens (THL-retokenized); N = |S| ("responses", the paper) or
+    the step's prompts P ("prompts"). logp, mask: (|S|, T) per-token log-probs (temperature-scaled, as TRL's
+    loss) and the response mask."""
+    mask = mask.bool()
+    per_response = torch.where(mask, -logp, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
+    return lam * per_response.sum() / max(divisor, 1)
+
+
+@dataclass
+class _Rescue:
+    """The step's rescue set S as TRL's forward takes it: prompts left-padded, responses right-padded."""
+    input_ids: Tensor          # (|S|, Lp + Lc)
+    attention_mask: Tensor     # (|S|, Lp + Lc)
+    mask: Tensor               # (|S|, Lc) response tokens
+    divisor: int
+
+
+def _text(completion) -> str:
+    """A completion's text: a plain string, or the content of its last (assistant) message."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def _prompt_text(prompt) -> str:
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
+def _pad(rows: list[Tensor], value: int, left: bool) -> Tensor:
+    """(n, max length) of 1-d rows, padded with `value` on the left (prompts) or the right (responses)."""
+    width = max(len(r) for r in rows)
+    out = rows[0].new_full((len(rows), width), value)
+    for i, r in enumerate(rows):
+        if left:
+            out[i, width - len(r):] = r
+        else:
+            out[i, :len(r)] = r
+    return out
+
+
+class MutualGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer that publishes its experience to a mutual run and takes its peers' (module docstring).
+    All of GRPOTrainer's arguments, plus `mutual` (a Mutual)."""
+
+    def __init__(self, *args, mutual: Mutual, **kwargs):
+        if not isinstance(mutual, Mutual):
+            raise InvalidArgument(f"mutual must be an mrl.integrations.trl.Mutual, not {type(mutual).__name__}")
+        super().__init__(*args, **kwargs)
+        self.mutual = mutual
+        self._check()
+        self._inbox = None
+        if SHARING_KINDS[mutual.sharing]:
+            self._inbox = PeerInbox(mutual.exchange, mutual.run_id, mutual.policy, SHARING_KINDS[mutual.sharing],
+                                    mutual.peers, mutual.max_staleness)
+        self._retokenize = Retokenizer(mutual.tokenizer_id, mutual.align)
+        self._generation = 0                           # the run's step t: generation batches so far
+        self._batch_rewards: list[float] = []
+        self._rollouts_total = 0
+        self._scored = None                            # (rewards_per_func, completions) of the last generation
+        self._rescue: _Rescue | None = None
+        self.mutual_log: list[dict] = []               # one record per step (also logged by TRL under mrl/)
+
+    def _check(self) -> None:
+        columns = getattr(self.train_dataset, "column_names", None) or []
+        if "prompt_id" not in columns:
+            raise InvalidArgument(f"the train dataset has no 'prompt_id' column (it has {columns}): give each prompt "
+                                  f"the run's prompt id, which peers match experience by (docs/trl.md)")
+        if self.accelerator.num_processes != 1:
+            raise InvalidArgument(f"MutualGRPOTrainer runs in one process; this run has "
+                                  f"{self.accelerator.num_processes} (multi-process data parallelism is not supported yet)")
+        if self.mutual.sharing == "xgrpo" and (self.scale_rewards not in ("group", "none")
+                                               or self.multi_objective_aggregation != "sum_then_normalize"):
+            raise InvalidArgument(f"xgrpo pools group baselines: it needs scale_rewards 'group' or 'none' (got "
+                                  f"{self.scale_rewards!r}) and multi_objective_aggregation 'sum_then_normalize' "
+                                  f"(got {self.multi_objective_aggregation!r})")
+
+    def close(self) -> None:
+        """Stop the subscription to the peers' experience (the exchange client stays the caller's)."""
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
+
+    # --- TRL's hooks ------------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._scored = (rewards_per_func, completions)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:                    # evaluation: TRL's, nothing published
+            return super()._generate_and_score_completions(inputs)
+        start = time.perf_counter()
+        out = super()._generate_and_score_completions(inputs)
+        generate_s = time.perf_counter() - start
+        step, self._generation = self._generation, self._generation + 1
+        rewards_per_func, completions = self._scored
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan      # unscorable, as TRL marks them
+        G = self.num_generations
+        prompt_ids = self._prompt_ids(inputs, G)
+        record = {"step": step, "published": self._publish(step, inputs, out, rewards, completions, generate_s)}
+        self._rescue = None
+        if self._inbox is not None:
+            arrived = self._inbox.collect(step, prompt_ids, self.mutual.peer_wait_s)
+            record.update(peer_wait_s=arrived.waited_s, peers_complete=arrived.complete)
+            if self.mutual.sharing == "xgrpo":
+                out["advantages"], stats = self._xgrpo(out["advantages"], rewards.view(-1, G), arrived, prompt_ids)
+            else:
+                stats = self._sgt(inputs, out, rewards.view(-1, G), arrived, prompt_ids)
+            record.update(stats)
+        for key, value in record.items():
+            if key != "step":
+                self._metrics["train"][f"mrl/{key}"].append(float(value))
+        self.mutual_log.append(record)
+        return out
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        if self._rescue is None or not self.model.training:
+            return loss
+        r = self._rescue
+        logp, _, _ = self._get_per_token_logps_and_entropies(model, r.input_ids, r.attention_mask, r.mask.size(1))
+        mean_nll = rescue_nll(logp.detach(), r.mask, 1.0, r.mask.size(0))      # (1/|S|) Σ_y NLL(y), logged
+        self._metrics["train"]["mrl/sgt_nll"].append(mean_nll.item())
+        # TRL divides each micro-batch's loss by the accumulation steps: the term adds λ·NLL(S) per optimizer step
+        return loss + rescue_nll(logp, r.mask, self.mutual.lam, r.divisor) / self.current_gradient_accumulation_steps
+
+    # --- publish --------------------------------------------------------------------------------
+    @staticmethod
+    def _prompt_ids(inputs, G: int) -> list[str]:
+        """The prompt id of each group of G consecutive rows (TRL's RepeatSampler order)."""
+        if len(inputs) % G:
+            raise InvalidArgument(f"{len(inputs)} rows are not groups of num_generations={G}")
+        ids = []
+        for p in range(len(inputs) // G):
+            group = {str(x["prompt_id"]) for x in inputs[p * G:(p + 1) * G]}
+            if len(group) != 1:
+                raise InvalidArgument(f"one group of {G} generations has prompt ids {sorted(group)}: each prompt's "
+                                      f"rows must share one prompt_id")
+            ids.append(group.pop())
+        return ids
+
+    def _behaviour_logps(self, out) -> Tensor:
+        """log π_old(y_t | x, y_<t) of the completions: TRL's old_per_token_logps when it computed them, else one
+        no-grad forward (the same model, which has not been updated since generating), RNG state restored."""
+        if out.get("old_per_token_logps") is not None:
+            return out["old_per_token_logps"]
+        input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        devices = [torch.cuda.current_device()] if input_ids.is_cuda else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, out["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _publish(self, step: int, inputs, out, rewards: Tensor, completions, generate_s: float) -> int:
+        """Publish the step's four kinds; returns how many experiences were sent. Unscorable completions are left
+        out. An exchange that stays unavailable past the client's retry budget loses the step (logged), as a
+        dead exchange must not stop training; a refusal (token, policy, malformed) raises."""
+        m = self.mutual
+        G = self.num_generations
+        logps = self._behaviour_logps(out).float().cpu()
+        ids, masks = out["completion_ids"].cpu(), out["completion_mask"].bool().cpu()
+        flat = rewards.tolist()
+        groups = []
+        for p in range(len(inputs) // G):
+            rows = [i for i in range(p * G, (p + 1) * G) if flat[i] == flat[i]]        # NaN ≠ NaN: unscorable
+            if rows:
+                groups.append(Group(
+                    prompt_id=str(inputs[p * G]["prompt_id"]), prompt_text=_prompt_text(inputs[p * G]["prompt"]),
+                    responses=[Response(_text(completions[i]), ids[i][masks[i]].tolist(), logps[i][masks[i]].tolist())
+                               for i in rows],
+                    rewards=[flat[i] for i in rows], answers=[""] * len(rows)))
+        scored = [r for g in groups for r in g.rewards]
+        if not scored:
+            return 0
+        self._rollouts_total += len(scored)
+        self._batch_rewards = (self._batch_rewards + [sum(scored) / len(scored)])[-m.window:]
+        tokens = int(masks.sum())
+        experiences = step_experiences(
+            groups, run_id=m.run_id, policy=m.policy, step=step, version=step, tokenizer_id=m.tokenizer_id,
+            batch_rewards=self._batch_rewards, window=m.window, rollouts_per_s=len(scored) / generate_s,
+            tokens_per_s=tokens / generate_s, rollouts_total=self._rollouts_total)
+        try:
+            m.exchange.publish(experiences)
+        except Unavailable as exc:
+            log.warning("step %d: the exchange is unavailable, its %d experiences are not published: %s",
+                        step, len(experiences), exc)
+            return 0
+        return len(experiences)
+
+    # --- sharing ----------------------------------------------------------------------------------
+    def _xgrpo(self, advantages: Tensor, rewards: Tensor, arrived: Arrived, prompt_ids: list[str]
+               ) -> tuple[Tensor, dict]:
+        """Each prompt the peers scored gets its pooled advantages; the others keep TRL's."""
+        G = self.num_generations
+        advantages = advantages.clone()
+        pooled = uniform = used = 0
+        for p, pid in enumerate(prompt_ids):
+            entries = [e for e in arrived.entries.get(pid, {}).values() if e.group_rewards]
+            peer = [r for e in entries for r in e.group_rewards]
+            pooled += G + len(peer)
+            if not peer:
+                continue
+            used += len(entries)
+            a, moved = pooled_advantages(rewards[p], peer, self.scale_rewards == "group", self.mutual.uniform_groups)
+            advantages[p * G:(p + 1) * G] = a.to(advantages.device, advantages.dtype)
+            uniform += moved
+        return advantages, {"xgrpo_pooled": pooled / max(len(prompt_ids), 1), "xgrpo_uniform": uniform,
+                            "peer_experiences_used": used}
+
+    def _sgt(self, inputs, out, rewards: Tensor, arrived: Arrived, prompt_ids: list[str]) -> dict:
+        """The rescue set: per prompt whose own success rate ≤ τ, at most per_prompt peer successes that this
+        trainer's reward functions verify again (reward ≥ success_reward), in its own tokens."""
+        m, G = self.mutual, self.num_generations
+        candidates = []                                  # (prompt index, VerifiedSuccess)
+        for p, pid in enumerate(prompt_ids):
+            own = rewards[p][~torch.isnan(rewards[p])]
+            rate = float((own >= m.success_reward).float().mean()) if own.numel() else 0.0
+            if rate <= m.tau:
+                candidates += [(p, s) for e in arrived.entries.get(pid, {}).values() for s in e.successes]
+        stats = {"sgt_rescued": 0, "sgt_accepted": 0, "sgt_rejected": 0, "peer_experiences_used": 0}
+        if not candidates:
+            return stats
+        own_ids, _, thl = self._retokenize([(s.tokenizer_id, list(s.token_ids)) for _, s in candidates])
+        verified = self._verify(inputs, [(p * G, s.response_text, ids) for (p, s), ids in zip(candidates, own_ids)])
+        kept: dict[int, list[list[int]]] = {}
+        for (p, _), ids, ok in zip(candidates, own_ids, verified):
+            stats["sgt_accepted" if ok else "sgt_rejected"] += 1
+            if ok and ids and len(kept.setdefault(p, [])) < m.per_prompt:
+                kept[p].append(ids)
+        rescued = [(p, ids) for p, rows in kept.items() for ids in rows]
+        stats.update(thl, sgt_rescued=sum(bool(rows) for rows in kept.values()), peer_experiences_used=len(rescued))
+        if rescued:
+            prompts = [out["prompt_ids"][p * G][out["prompt_mask"][p * G].bool()] for p, _ in rescued]
+            responses = [torch.tensor(ids, device=prompts[0].device) for _, ids in rescued]
+            pad = self._tokenizer.pad_token_id
+            left, right = _pad(prompts, pad, left=True), _pad(responses, pad, left=False)
+            prompt_mask = _pad([torch.ones_like(x) for x in prompts], 0, left=True)
+            mask = _pad([torch.ones_like(x) for x in responses], 0, left=False)
+            self._rescue = _Rescue(torch.cat([left, right], dim=1), torch.cat([prompt_mask, mask], dim=1), mask,
+                                   len(rescued) if m.normalize == "responses" else len(prompt_ids))
+        return stats
+
+    def _verify(self, inputs, claims: list[tuple[int, str, list[int]]]) -> list[bool]:
+        """Each claim (row of its prompt, text, own ids) scored by this trainer's reward functions, as its own
+        completions are (TRL's _calculate_rewards: the same dataset columns as kwargs, the same weights);
+        what the reward functions log while verifying stays out of TRL's completion table."""
+        rows = [inputs[i] for i, _, _ in claims]
+        prompts = [x["prompt"] for x in rows]
+        completions = [text if not is_conversational({"prompt": x["prompt"]})
+                       else [{"role": "assistant", "content": text}] for x, (_, text, _) in zip(rows, claims)]
+        pending = ({k: list(v) for k, v in self._pending_extra_logs.items()},
+                   {k: list(v) for k, v in self._pending_metrics.items()})
+        try:
+            per_func = GRPOTrainer._calculate_rewards(self, rows, prompts, completions, [ids for _, _, ids in claims])
+        finally:
+            for target, saved in zip((self._pending_extra_logs, self._pending_metrics), pending):
+                target.clear()
+                target.update(saved)
+        reward = (per_func * self.reward_weights.to(per_func.device)).nansum(dim=1)
+        scorable = ~torch.isnan(per_func).all(dim=1)
+        return ((reward >= self.mutual.success_reward) & scorable).tolist()

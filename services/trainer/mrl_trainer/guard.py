@@ -1,0 +1,108 @@
+"""The no-harm guard: a receiver keeps from its peers only what does not work against its own learning.
+
+Every sharing mode changes a policy's update by a peer term. With g_s the gradient of the solo loss (own
+samples, own-group advantages, the solo normalisers: what the policy would do alone) and g_m the gradient of
+the mode's whole loss (its own advantages and normalisers, plus its extra sequences), the peer term is
+
+    d = g_m − g_s                 (PRP: pooled baselines + peer rollouts; XGRPO: pooled baselines;
+                                   SGT: the rescue NLL; HACPO: the mixed baseline + weighted peer samples)
+
+Evidence the receiver checks itself, on every optimizer step (mini-batch), from its own samples only:
+
+    a    = cos(d, g_s)                                       agreement of the peer term with own learning
+                                                             (logged; its sign decides the projection)
+
+Projection (gradient surgery, as PCGrad): the conflicting component of d is removed,
+
+    d⊥   = d − min(0, ⟨d, g_s⟩) / ‖g_s‖² · g_s               so ⟨d⊥, g_s⟩ ≥ 0
+
+Trust, learned in hindsight: does the direction the peers added at the last step agree with where the
+receiver's own samples pull now?
+
+    h_t     = cos(τ d⊥ of step t − 1, g_s of step t)        averaged over the step's optimizer steps
+    τ_{t+1} = (1 − η) τ_t + η · 1[h_t ≥ 0]                  τ_0 = 1
+    g       = g_s + τ_t · d⊥                                 what the optimizer steps on
+
+so to first order the update improves the own objective at least as much as solo's would (⟨g, g_s⟩ ≥
+‖g_s‖²); a peer whose contributions own learning keeps undoing (format drag) is turned down towards solo
+(τ → 0), one whose contributions own learning confirms keeps its weight. A step whose own gradient is 0
+(every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and τ is not updated.
+With τ = 1 and no conflict the update is the mode's own.
+
+Costs: one more backward over own samples per micro-batch (the solo loss, from the same forward) and
+three gradient-sized buffers (g_s, d, the last step's direction). The guard sees the whole peer term of a
+step, so its trust is per mode (one τ per receiver): with several peers it turns them down together. τ and
+the last direction live in the process: a resumed trainer starts again at τ = 1.
+"""
+import math
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["GuardConfig", "Guard"]
+
+
+class GuardConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="The no-harm guard: project out the part of the peer term that "
+                                            "conflicts with the own gradient, and scale the rest by a trust "
+                                            "learned in hindsight (docs/algorithms.md).")
+    trust_rate: float = Field(0.1, ge=0, le=1, description="η: how fast the trust τ follows the hindsight "
+                                                           "evidence (0: τ stays 1, projection only).")
+
+
+class Guard:
+    """One receiver's guard: its trust τ, the last step's peer direction, and the combination of its solo and
+    mode gradients."""
+    stats = {"guard_agreement": "guard: cos(peer term, own gradient)",
+             "guard_projected": "guard: share of updates projected",
+             "guard_hindsight": "guard: cos(last step's peer term, own gradient)",
+             "guard_trust": "guard: trust τ"}
+    figures = {"guard": ("guard_agreement", "guard_hindsight", "guard_projected", "guard_trust")}
+    cumulative = frozenset()
+    summary = {"guard_trust": "mean guard trust τ"}
+
+    def __init__(self, config: GuardConfig):
+        self.config, self.trust = config, 1.0
+        self.previous: torch.Tensor | None = None      # the last step's Σ τ·d⊥, flat
+        self._direction: torch.Tensor | None = None    # this step's, so far
+
+    def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None]) -> dict[str, float]:
+        """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0). The evidence:
+        agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected."""
+        g_s = torch.cat([(s if s is not None else torch.zeros_like(p)).reshape(-1) for s, p in zip(solo, params)])
+        g_m = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        g_s, d = g_s.double(), (g_m - g_s.to(g_m.dtype)).double()
+        dot, ss, dd = float(d @ g_s), float(g_s @ g_s), float(d @ d)
+        projected = dot < 0 and ss > 0
+        peer = self.trust * (d - dot / ss * g_s if projected else d)
+        combined = g_s + peer
+        offset = 0
+        for p in params:
+            p.grad = combined[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        self._direction = peer if self._direction is None else self._direction + peer
+        return {"agreement": _cos(dot, ss, dd), "projected": float(projected),
+                "hindsight": _cos(float(self.previous @ g_s), ss, float(self.previous @ self.previous))
+                if self.previous is not None else math.nan}
+
+    def observe(self, evidence: list[dict[str, float]]) -> dict[str, float]:
+        """End of a step: τ ← (1 − η)τ + η·1[mean hindsight ≥ 0] (no change without hindsight); this step's
+        peer direction becomes the next step's `previous`. The step's guard stats (τ as the step used it)."""
+        stats = {"guard_trust": self.trust,
+                 "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
+        for key in ("agreement", "hindsight"):
+            values = [e[key] for e in evidence if not math.isnan(e[key])]
+            if values:
+                stats[f"guard_{key}"] = sum(values) / len(values)
+        if "guard_hindsight" in stats:
+            eta = self.config.trust_rate
+            self.trust = (1 - eta) * self.trust + eta * float(stats["guard_hindsight"] >= 0)
+        if self._direction is not None and float(self._direction @ self._direction) > 0:
+            self.previous = self._direction
+        self._direction = None
+        return stats
+
+
+def _cos(dot: float, aa: float, bb: float) -> float:
+    return dot / math.sqrt(aa * bb) if aa > 0 and bb > 0 else math.nan

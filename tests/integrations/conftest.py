@@ -1,0 +1,2 @@
+"""Fixtures of the integration tests: real exchange and THL servers over the session's embedded Redis."""
+from servers import align, exchange, start_exchange  # noqa: F401  (fixtures)

@@ -1,0 +1,122 @@
+"""The no-harm guard (mrl_trainer.guard): projection of the peer term against the solo gradient, and trust."""
+import math
+
+import pytest
+import torch
+
+from mrl_trainer.config import LossConfig
+from mrl_trainer.guard import Guard, GuardConfig
+from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Plan, make_sharing, sharing_config
+from mrl_trainer.sharing.base import solo_advantages
+from mrl_trainer.sharing.xgrpo import XGRPO
+from mrl_trainer.update import gradient, update
+from test_sharing_modes import answer_verifier, make_batch
+
+
+# --- the combination, on hand-made gradients ----------------------------------------------------------------
+def _param(grad: list[float]) -> torch.Tensor:
+    p = torch.zeros(len(grad), requires_grad=True)
+    p.grad = torch.tensor(grad)
+    return p
+
+
+def test_a_peer_term_that_agrees_with_own_learning_passes_unchanged():
+    p = _param([2.0, 1.0])                             # g_m
+    evidence = Guard(GuardConfig()).combine([p], [torch.tensor([1.0, 0.0])])
+    assert torch.equal(p.grad, torch.tensor([2.0, 1.0]))   # d = (1, 1), ⟨d, g_s⟩ = 1 ≥ 0: the mode's own update
+    assert evidence["projected"] == 0.0 and evidence["agreement"] == pytest.approx(1 / math.sqrt(2))
+
+
+def test_the_conflicting_part_of_a_peer_term_is_projected_out():
+    p = _param([-1.0, 1.0])                            # g_m; g_s = (1, 0): d = (−2, 1) conflicts
+    guard = Guard(GuardConfig())
+    evidence = guard.combine([p], [torch.tensor([1.0, 0.0])])
+    assert torch.allclose(p.grad, torch.tensor([1.0, 1.0]))          # g_s + d⊥, d⊥ = (0, 1)
+    assert float(p.grad @ torch.tensor([1.0, 0.0])) >= 1.0           # ⟨g, g_s⟩ ≥ ‖g_s‖²: never worse than solo
+    assert evidence["projected"] == 1.0 and evidence["agreement"] < 0
+    guard.trust = 0.5
+    p.grad = torch.tensor([-1.0, 1.0])
+    guard.combine([p], [torch.tensor([1.0, 0.0])])
+    assert torch.allclose(p.grad, torch.tensor([1.0, 0.5]))          # g_s + τ·d⊥
+
+
+def test_without_an_own_gradient_the_peer_term_passes_and_is_no_evidence():
+    p = _param([0.0, 3.0])
+    evidence = Guard(GuardConfig()).combine([p], [None])
+    assert torch.equal(p.grad, torch.tensor([0.0, 3.0])) and math.isnan(evidence["agreement"])
+
+
+def test_trust_falls_when_the_last_peer_term_conflicts_with_the_next_own_gradient():
+    guard = Guard(GuardConfig(trust_rate=0.25))
+    p = _param([1.0, 1.0])
+    guard.combine([p], [torch.tensor([1.0, 0.0])])   # peer term (0, 1)
+    assert guard.observe([]) == {"guard_trust": 1.0, "guard_projected": 0.0}   # no evidence: τ unchanged
+    # guard.observe above ended the step: its peer term (0, 1) is now `previous`
+    p.grad = torch.tensor([0.0, -2.0])
+    evidence = guard.combine([p], [torch.tensor([0.0, -1.0])])   # own learning now goes the other way
+    assert evidence["hindsight"] == pytest.approx(-1.0)
+    stats = guard.observe([evidence])
+    assert stats["guard_trust"] == 1.0 and stats["guard_hindsight"] == pytest.approx(-1.0)
+    assert guard.trust == pytest.approx(0.75)                    # (1 − η)·1 + η·0
+    p.grad = torch.tensor([0.0, -2.0])
+    guard.observe([guard.combine([p], [torch.tensor([0.0, -1.0])])])   # agrees with the last peer term
+    assert guard.trust == pytest.approx(0.75 * 0.75 + 0.25)
+
+
+# --- in the update ------------------------------------------------------------------------------------------
+class _Table(torch.nn.Module):
+    """A context-free softmax over 32 tokens: log π(y_t) = log_softmax(w)[y_t]."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1, 1, 32))
+
+    def __call__(self, prompts, completions):
+        width = max(len(c) for c in completions)
+        ids = torch.tensor([c + [0] * (width - len(c)) for c in completions])
+        mask = torch.tensor([[1.0] * len(c) + [0.0] * (width - len(c)) for c in completions])
+        return torch.log_softmax(self.w, -1)[ids], mask
+
+
+class _Contrarian(XGRPO):
+    """A harmful 'sharing' mode: the own advantages negated, a peer term that only undoes own learning."""
+
+    def plan(self, batch, peers, *, capability, verify):
+        return Plan(-solo_advantages(batch, self.loss), totals=self.own_totals(batch))
+
+
+def _gradients(sharing, batch):
+    table = _Table()
+    plan = sharing.plan(batch, PeerBatch(), capability=0.5, verify=answer_verifier(batch))
+    return gradient(table, list(table.parameters()), sharing, LossConfig(), batch, plan, max_tokens=8)
+
+
+def test_a_peer_term_that_only_undoes_own_learning_is_turned_down_to_solo():
+    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0]])
+    solo = _gradients(make_sharing(sharing_config(mode="none"), LossConfig()), batch)
+    guarded = _Contrarian(sharing_config(mode="xgrpo"), LossConfig())
+    unguarded = _Contrarian(sharing_config(mode="xgrpo", guard={"enabled": False}), LossConfig())
+    assert solo.abs().sum() > 0
+    assert torch.allclose(_gradients(unguarded, batch), -solo)
+    assert torch.allclose(_gradients(guarded, batch), solo)
+
+
+def test_the_guard_changes_nothing_when_peers_send_nothing():
+    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0]])
+    after = []
+    for enabled in (True, False):
+        table = _Table()
+        sharing = make_sharing(sharing_config(mode="xgrpo", guard={"enabled": enabled}), LossConfig())
+        plan = sharing.plan(batch, PeerBatch(), capability=0.5, verify=answer_verifier(batch))
+        stats = update(table, list(table.parameters()), torch.optim.AdamW(table.parameters(), lr=0.1), sharing,
+                       LossConfig(mini_batches=2), batch, plan, max_tokens=8)
+        after.append(table.w.detach().clone())
+        assert ("guard_trust" in stats) == enabled
+    assert torch.equal(after[0], after[1])
+
+
+@pytest.mark.parametrize("name", list(SHARING_MODES))
+def test_every_mode_that_takes_peers_is_guarded_by_default(name):
+    sharing = make_sharing(sharing_config(mode=name), LossConfig())
+    assert (sharing.guard is not None) == bool(sharing.kinds)
+    assert make_sharing(sharing_config(mode=name, guard={"enabled": False}), LossConfig()).guard is None
