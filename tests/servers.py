@@ -35,10 +35,13 @@ class RunningServer:
 
 
 class RunningExchange(RunningServer):
+    """An exchange on free ports; its own rate-limit scope (unless given), so no test spends another's buckets."""
+
     def __init__(self, redis_url: str, **overrides):
         from mrl_exchange.app import ExchangeServer
         from mrl_exchange.settings import ExchangeSettings
-        self.settings = ExchangeSettings(redis_url=redis_url, **{"port": 0, "admin_port": 0, **overrides})
+        defaults = {"port": 0, "admin_port": 0, "rate_limit_scope": f"rl-{uuid.uuid4().hex[:12]}"}
+        self.settings = ExchangeSettings(redis_url=redis_url, **{**defaults, **overrides})
         super().__init__(lambda: ExchangeServer(self.settings, redis_url))
 
 

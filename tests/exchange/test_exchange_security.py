@@ -448,6 +448,24 @@ def test_rate_limit_per_principal(start_exchange, auth_file, run_id):
         assert lengths == {"policy-a": 1024, "policy-b": 10}
 
 
+def test_rate_buckets_are_shared_within_a_scope_and_apart_across_scopes(start_exchange, run_id):
+    limits = {"rate_limit_per_s": 0.01, "rate_limit_burst": 2, "max_batch": 2}
+    first, replica = start_exchange(rate_limit_scope="lab-1", **limits), start_exchange(rate_limit_scope="lab-1", **limits)
+    other = start_exchange(rate_limit_scope="lab-2", **limits)
+    with ExchangeClient(first.target, backoff=Backoff(attempts=1)) as c:
+        assert c.publish([rollout(run_id), rollout(run_id)]).accepted == 2
+    with ExchangeClient(replica.target, backoff=Backoff(attempts=1)) as c, pytest.raises(errors.ResourceExhausted):
+        c.publish([rollout(run_id)])
+    with ExchangeClient(other.target, backoff=Backoff(attempts=1)) as c:
+        assert c.publish([rollout(run_id), rollout(run_id)]).accepted == 2
+
+
+def test_rate_limit_scope_must_be_a_name():
+    from mrl_exchange.settings import ExchangeSettings
+    with pytest.raises(ValueError, match="rate_limit_scope"):
+        ExchangeSettings(rate_limit_scope="a:b")
+
+
 # -- size limits -----------------------------------------------------------------------------------
 def sized(run_id, text_bytes):
     exp = rollout(run_id)

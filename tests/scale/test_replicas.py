@@ -38,7 +38,7 @@ def test_credit_returns_whichever_replica_an_ack_reaches(start_exchange, run_id)
 
 
 def test_a_rate_limit_holds_across_replicas(start_exchange, run_id):
-    limits = {"rate_limit_per_s": 0.01, "rate_limit_burst": 4, "max_batch": 4}
+    limits = {"rate_limit_per_s": 0.01, "rate_limit_burst": 4, "max_batch": 4, "rate_limit_scope": "replicated"}
     replicas = [start_exchange(**limits), start_exchange(**limits)]
     clients = [ExchangeClient(r.target, backoff=Backoff(attempts=1)) for r in replicas]
     try:

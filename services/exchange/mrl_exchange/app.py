@@ -19,7 +19,8 @@ class ExchangeServer(ServiceServer):
 
     def __init__(self, settings: ExchangeSettings, redis_url: str):
         self.exchange = Exchange.from_url(redis_url, settings)
-        super().__init__("exchange", settings, self.exchange.redis, "mrl:rl:exchange:")
+        super().__init__("exchange", settings, self.exchange.redis,
+                         f"mrl:rl:{settings.rate_limit_scope}:")
 
     async def start(self) -> None:
         """Serve once Redis answers; gRPC health then follows Redis (NOT_SERVING while it does not answer)."""

@@ -1,9 +1,9 @@
 """Settings of the exchange (env `MRL_*`, or the YAML file named by `MRL_CONFIG`)."""
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from mrl_serving.settings import ServerSettings
+from mrl_serving.settings import ServerSettings, name_setting
 
 __all__ = ["ExchangeSettings"]
 
@@ -25,6 +25,15 @@ class ExchangeSettings(ServerSettings):
                                                        "retries (one small Redis key per experience meanwhile).")
     max_subscriptions: int = Field(512, gt=0, description="Most open subscriptions on this replica.")
     max_subscriptions_per_principal: int = Field(64, gt=0, description="Most open subscriptions per principal.")
+    rate_limit_scope: str = Field("exchange", description="Rate buckets live in Redis under "
+                                  "mrl:rl:<scope>:<principal>: replicas of one exchange share a scope (so a "
+                                  "principal gets rate_limit_per_s however many it reaches); give another "
+                                  "deployment on the same Redis its own.")
+
+    @field_validator("rate_limit_scope")
+    @classmethod
+    def _scope(cls, value: str) -> str:
+        return name_setting("rate_limit_scope", value)
 
     @model_validator(mode="after")
     def _credit_bounds(self):

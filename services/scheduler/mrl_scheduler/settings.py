@@ -6,8 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from mrl import experience
-from mrl_serving.settings import ServerSettings
+from mrl_serving.settings import ServerSettings, name_setting
 
 __all__ = ["NodeSpec", "SchedulerSettings", "default_node"]
 
@@ -74,20 +73,20 @@ class SchedulerSettings(ServerSettings):
     @field_validator("namespace", "node")
     @classmethod
     def _names(cls, value: str, info) -> str:
-        return experience.validate_name(info.field_name, value)
+        return name_setting(info.field_name, value)
 
     @field_validator("nodes")
     @classmethod
     def _node_names(cls, value: dict) -> dict:
         for name in value:
-            experience.validate_name("nodes key", name)
+            name_setting("nodes key", name)
         return value
 
     @field_validator("weights")
     @classmethod
     def _weights(cls, value: dict) -> dict:
         for policy, w in value.items():
-            experience.validate_name("weights key", policy)
+            name_setting("weights key", policy)
             if not (math.isfinite(w) and w > 0):
                 raise ValueError(f"weights[{policy!r}] is {w}: a weight must be a finite number > 0")
         return value

@@ -4,8 +4,8 @@ A bucket holds at most `burst` tokens and refills at `rate` tokens/s; a call of 
 passes when c tokens are there (and takes them), otherwise it is refused with the wait
 it would need. Where the buckets live:
 
-    RedisRateLimiter   in Redis (the exchange: mrl:rl:exchange:<principal>; the scheduler: in its namespace,
-                       mrl:sched:{<namespace>}:rl:<principal>), one hash per principal read and changed by one
+    RedisRateLimiter   in Redis (the exchange: mrl:rl:<rate_limit_scope>:<principal>; the scheduler: in its
+                       namespace, mrl:sched:{<namespace>}:rl:<principal>), one hash per principal read and changed by one
                        atomic script on Redis's clock: every replica on the same Redis charges the same bucket,
                        so a principal gets `rate` however many replicas it reaches
     LocalRateLimiter   in the serving process (the THL, which has no Redis): with R replicas behind a balancer

@@ -11,9 +11,19 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from mrl import experience
 from mrl.errors import InvalidArgument
 
-__all__ = ["CommonSettings", "ServerSettings"]
+__all__ = ["CommonSettings", "ServerSettings", "name_setting"]
+
+
+def name_setting(field: str, value: str) -> str:
+    """A setting that becomes part of Redis keys (a namespace, a scope, a node): a valid name, or a ValueError
+    that pydantic reports with the field."""
+    try:
+        return experience.validate_name(field, value)
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
 
 
 class CommonSettings(BaseSettings):
