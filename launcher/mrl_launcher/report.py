@@ -46,6 +46,7 @@ PANELS = {  # figure → heading; its statistics are the ones the sharing modes 
     "ratios": "Ratio statistics",
     "sgt": "SGT rescues and rejections",
     "exchange": "Exchange",
+    "coordination": "Asynchronous coordination",
     "guard": "No-harm guard",
 }
 

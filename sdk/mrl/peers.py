@@ -7,19 +7,30 @@
 Any trainer that joins a run uses these (the mrl trainer, mrl_trainer.peers; the TRL integration,
 mrl.integrations.trl).
 
-Coordination by global prompt id: every policy sees the same prompt ids at step t, so policy k's
-step t needs its peers' experience of those ids. A (prompt, producer) pair is *complete* when
-its group_stats has arrived and, for the kinds subscribed, all of its rollouts (one per reward)
-and successes (one per reward ≥ 1). `collect` returns when every expected producer (the
-configured peers; with none configured, at least one producer) is complete for every prompt, or
-when the timeout passes, whichever is first: a slow or dead peer never blocks a policy.
+Two couplings, by global prompt id:
 
-Staleness: an experience whose policy version is below (own step − max_staleness) is dropped on
-arrival and pruned while waiting. Deliveries are acked when `collect` takes them for a step, or
-when dropped; a delivery left unacked past the exchange's visibility timeout (e.g. a fast peer's
-next step while this trainer updates) comes again and is recognised by its experience id. A
-trainer resumed from an earlier checkpoint replays its steps without the peers' experience it
-had already taken (each such step waits its peer wait, then goes on).
+  lockstep  every policy sees the same prompt ids at step t, so policy k's step t needs its peers'
+            experience of those ids. A (prompt, producer) pair is *complete* when its group_stats has
+            arrived and, for the kinds subscribed, all of its rollouts (one per reward) and successes (one
+            per reward ≥ 1). `collect` returns when every expected producer (the configured peers; with
+            none configured, at least one producer) is complete for every prompt, or when the timeout
+            passes, whichever is first: a slow or dead peer never blocks a policy. Staleness: experience
+            whose policy version is below (own step − max_staleness) is dropped on arrival and pruned
+            while waiting. Deliveries are acked when `collect` takes them for a step, or when dropped; a
+            delivery left unacked past the exchange's visibility timeout comes again and is recognised by
+            its experience id. A trainer resumed from an earlier checkpoint replays its steps without the
+            peers' experience it had already taken (each such step waits its peer wait, then goes on).
+  async     no policy waits for another (`collect` with timeout 0): a policy takes whatever its peers
+            have published for the prompts of its batch, kept across steps. Staleness is a peer's own
+            lag: a group (its rollouts and group_stats) of version v from producer p is dropped once
+            v < (p's latest version seen − max_staleness), or once it is older than max_age_s (the
+            producer's created_at); a newer group of the same (prompt, producer) replaces an older one.
+            Verified successes are kept however old (the receiver re-verifies them). At most max_prompts
+            prompts are kept (the least recently published go first). Deliveries are acked on arrival:
+            the index, not the exchange, holds them while they wait. `offered` lists the prompts with
+            peer experience, those with a peer success first, for a peer-guided batch.
+
+Both count what they drop (stale, superseded or evicted experiences): Arrived.dropped.
 
 A subscription that ends, or a peer tokenizer with no THL client, raises FailedPrecondition.
 """
@@ -28,24 +39,35 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mrl.errors import FailedPrecondition, MrlError
 from mrl.experience import kind_of
 
-__all__ = ["PeerInbox", "PeerIndex", "Arrived", "Retokenizer"]
+__all__ = ["PeerInbox", "PeerIndex", "Arrived", "Retokenizer", "COUPLINGS"]
 
 log = logging.getLogger("mrl.peers")
+
+Coupling = Literal["lockstep", "async"]
+COUPLINGS: tuple[str, ...] = ("lockstep", "async")
 
 
 @dataclass
 class _Entry:
-    """One producer's experience of one prompt."""
-    version: int
+    """One producer's experience of one prompt: its latest group (rollouts, group_stats) and its successes."""
+    version: int                                      # of the group
+    created_s: float = 0.0                            # the group's newest created_at (producer's clock, s)
     group_rewards: list[float] | None = None
     rollouts: list = field(default_factory=list)      # pb.Rollout
     successes: list = field(default_factory=list)     # pb.VerifiedSuccess
     deliveries: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)       # experience ids: a redelivery is not stored twice
+
+    def drop_group(self) -> int:
+        """Forget the group (not the successes); returns how many experiences that was."""
+        n = len(self.rollouts) + (self.group_rewards is not None)
+        self.group_rewards, self.rollouts = None, []
+        return n
 
 
 @dataclass
@@ -55,32 +77,66 @@ class Arrived:
     capability: dict[str, float]
     waited_s: float
     complete: float          # share of (prompt, expected producer) pairs complete at return
+    dropped: int = 0         # experiences dropped (stale, superseded, evicted) since the last collect
 
 
 class PeerIndex:
     """The peers' experience by prompt id and producer, and their latest capabilities: what the inbox keeps
     between steps (PeerInbox holds its lock around every call; the bandit testbed uses it directly).
 
-    Experience below `floor` (step − max_staleness) is not kept; a redelivered experience (same id) is
-    stored once; policy_stats only update the producer's capability P̂."""
+    lockstep: experience below `floor` (set by the caller: step − max_staleness) is not kept. async: see
+    the module's docstring (a peer's own version lag, max_age_s, successes kept, at most max_prompts).
+    A redelivered experience (same id) is stored once; policy_stats only update the producer's P̂."""
 
-    def __init__(self):
+    def __init__(self, coupling: Coupling = "lockstep", max_staleness: int = 1, max_age_s: float = 0.0,
+                 max_prompts: int = 4096, clock=time.time):
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling {coupling!r} is not one of {COUPLINGS}")
+        self.coupling, self.max_staleness, self.max_age_s, self.max_prompts = (coupling, max_staleness,
+                                                                               max_age_s, max_prompts)
         self.floor = 0
-        self.entries: dict[str, dict[str, _Entry]] = collections.defaultdict(dict)
+        self.dropped = 0
+        self.entries: dict[str, dict[str, _Entry]] = {}   # insertion order: least recently published first
+        self._latest: dict[str, int] = {}                 # producer -> its highest policy version seen
         self._capability: dict[str, tuple[int, float]] = {}
+        self._clock = clock
+
+    def _stale(self, producer: str, version: int, created_s: float) -> bool:
+        if version < self.floor:
+            return True
+        if self.coupling == "lockstep":
+            return False
+        return (version < self._latest.get(producer, version) - self.max_staleness
+                or (self.max_age_s > 0 and self._clock() - created_s > self.max_age_s))
 
     def add(self, e, delivery_id: str | None = None) -> bool:
         """Index one experience (and the delivery that brought it); False when nothing waits for a step
         (stale, or policy_stats): its delivery can be acked at once."""
         kind = kind_of(e)
-        if e.policy_version < self.floor:
-            return False
+        producer, version = e.producer, e.policy_version
+        self._latest[producer] = max(version, self._latest.get(producer, version))
         if kind == "policy_stats":
-            if e.policy_version >= self._capability.get(e.producer, (-1, 0.0))[0]:
-                self._capability[e.producer] = (e.policy_version, e.policy_stats.capability)
+            if version >= self._capability.get(producer, (-1, 0.0))[0]:
+                self._capability[producer] = (version, e.policy_stats.capability)
+            return False
+        created_s = e.created_at.seconds + e.created_at.nanos * 1e-9
+        keeps_forever = kind == "success" and self.coupling == "async"
+        if not keeps_forever and self._stale(producer, version, created_s):
+            self.dropped += 1
             return False
         payload = getattr(e, kind)
-        entry = self.entries[payload.prompt_id].setdefault(e.producer, _Entry(e.policy_version))
+        by_producer = self.entries.pop(payload.prompt_id, {})
+        self.entries[payload.prompt_id] = by_producer          # now the most recently published
+        entry = by_producer.setdefault(producer, _Entry(version, created_s))
+        if kind != "success":
+            holds_group = entry.group_rewards is not None or bool(entry.rollouts)
+            if holds_group and version < entry.version:        # an older group than the one held
+                self.dropped += 1
+                return False
+            if version != entry.version or not holds_group:    # a newer group replaces the one held
+                self.dropped += entry.drop_group()
+                entry.version, entry.created_s = version, created_s
+            entry.created_s = max(entry.created_s, created_s)
         if delivery_id is not None:
             entry.deliveries.append(delivery_id)
         if e.experience_id not in entry.seen:
@@ -89,23 +145,63 @@ class PeerIndex:
                 entry.group_rewards = list(payload.rewards)
             else:
                 (entry.rollouts if kind == "rollout" else entry.successes).append(payload)
+        self._evict()
         return True
+
+    def _evict(self) -> None:
+        while self.coupling == "async" and len(self.entries) > self.max_prompts:
+            pid = next(iter(self.entries))
+            for entry in self.entries.pop(pid).values():
+                self.dropped += entry.drop_group() + len(entry.successes)
+
+    def prune(self) -> list[str]:
+        """Drop what became stale; returns the delivery ids of dropped entries (to ack outside any lock)."""
+        stale = []
+        for pid, by_producer in list(self.entries.items()):
+            for producer, entry in list(by_producer.items()):
+                if not self._stale(producer, entry.version, entry.created_s):
+                    continue
+                if self.coupling == "async" and entry.successes:
+                    self.dropped += entry.drop_group()
+                    continue
+                self.dropped += entry.drop_group() + len(entry.successes)
+                stale += entry.deliveries
+                del by_producer[producer]
+            if not by_producer:
+                del self.entries[pid]
+        return stale
 
     def take(self, prompt_ids: list[str]) -> dict[str, dict[str, _Entry]]:
         """Remove and return the entries of these prompts."""
         return {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
 
+    def offered(self, solved: set[str] | frozenset = frozenset()) -> list[str]:
+        """The prompts with peer experience, for a peer-guided batch: first those where a peer has a verified
+        success and this policy has not solved (`solved`), then the others; most recently published first."""
+        rescues, others = [], []
+        for pid in reversed(self.entries):
+            has_success = any(entry.successes for entry in self.entries[pid].values())
+            (rescues if has_success and pid not in solved else others).append(pid)
+        return rescues + others
+
     def capability(self) -> dict[str, float]:
         """Each producer's latest published P̂."""
         return {producer: value for producer, (_, value) in self._capability.items()}
 
+    def take_dropped(self) -> int:
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
 
 class PeerInbox:
+    """A background subscription to the peers' experience, indexed by prompt (PeerIndex); see the module."""
+
     def __init__(self, exchange, run_id: str, policy: str, kinds: tuple[str, ...], peers: list[str],
-                 max_staleness: int):
+                 max_staleness: int, coupling: Coupling = "lockstep", max_age_s: float = 0.0,
+                 max_prompts: int = 4096):
         self.kinds = tuple(sorted({*kinds, "group_stats"}))   # group_stats says how many rollouts to expect
         self.peers, self.max_staleness = list(peers), max_staleness
-        self._index = PeerIndex()
+        self._index = PeerIndex(coupling, max_staleness, max_age_s, max_prompts)
         self._cond = threading.Condition()
         self._error: Exception | None = None
         self._closing = False
@@ -113,6 +209,10 @@ class PeerInbox:
                                        max_in_flight=1024)
         self._thread = threading.Thread(target=self._pump, name=f"peers-{policy}", daemon=True)
         self._thread.start()
+
+    @property
+    def coupling(self) -> str:
+        return self._index.coupling
 
     def _pump(self) -> None:
         error: Exception = FailedPrecondition("the exchange ended the subscription to the peers' experience")
@@ -128,12 +228,12 @@ class PeerInbox:
                 self._cond.notify_all()
 
     def _add(self, delivery) -> list[str]:
-        """Store one delivery; returns the delivery ids to ack now (stale, or policy_stats)."""
+        """Store one delivery; returns the delivery ids to ack now (async: all; lockstep: stale, or policy_stats)."""
         with self._cond:
-            if not self._index.add(delivery.experience, delivery.delivery_id):
-                return [delivery.delivery_id]
-            self._cond.notify_all()
-            return []
+            kept = self._index.add(delivery.experience, None if self.coupling == "async" else delivery.delivery_id)
+            if kept:
+                self._cond.notify_all()
+            return [delivery.delivery_id] if self.coupling == "async" or not kept else []
 
     def _ack(self, delivery_ids: list[str]) -> None:
         if delivery_ids:
@@ -160,26 +260,28 @@ class PeerInbox:
                 done += any(self._complete(x) for x in by_producer.values())
         return done, len(prompt_ids) * max(len(self.peers), 1)
 
-    def _prune(self) -> list[str]:
-        """Drop entries below the staleness floor; returns their delivery ids (to ack outside the lock)."""
-        stale = []
-        entries = self._index.entries
-        for pid, by_producer in list(entries.items()):
-            for producer, entry in list(by_producer.items()):
-                if entry.version < self._index.floor:
-                    stale += entry.deliveries
-                    del by_producer[producer]
-            if not by_producer:
-                del entries[pid]
-        return stale
+    def offered(self, solved: set[str] | frozenset = frozenset()) -> list[str]:
+        """PeerIndex.offered: prompts with peer experience, rescues first."""
+        with self._cond:
+            stale = self._index.prune()
+            offered = self._index.offered(solved)
+        self._ack(stale)
+        return offered
+
+    def recall(self, successes) -> None:
+        """Index verified successes fetched from the exchange's success library (already acked: no delivery)."""
+        with self._cond:
+            for e in successes:
+                self._index.add(e)
 
     def collect(self, step: int, prompt_ids: list[str], timeout_s: float, stop=lambda: False) -> Arrived:
         """The peers' experience of these prompts: waits until complete, `timeout_s` or stop(), then takes
-        what arrived."""
+        what arrived (async: call with timeout_s 0)."""
         start = time.monotonic()
         with self._cond:
-            self._index.floor = step - self.max_staleness
-            stale = self._prune()
+            if self.coupling == "lockstep":
+                self._index.floor = step - self.max_staleness
+            stale = self._index.prune()
             while True:
                 if self._error is not None:
                     raise FailedPrecondition(f"the subscription to the peers' experience failed: {self._error}")
@@ -190,10 +292,11 @@ class PeerInbox:
                 self._cond.wait(min(left, 0.5))
             taken = self._index.take(prompt_ids)
             capability = self._index.capability()
+            dropped = self._index.take_dropped()
         waited = time.monotonic() - start
         self._ack(stale + [d for by_producer in taken.values() for entry in by_producer.values()
                            for d in entry.deliveries])          # an ack is an RPC: never under the lock
-        return Arrived(taken, capability, waited, done / expected)
+        return Arrived(taken, capability, waited, done / expected, dropped)
 
     def close(self) -> None:
         with self._cond:

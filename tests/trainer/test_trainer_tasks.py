@@ -351,3 +351,15 @@ def test_jsonl_with_an_empty_split_says_so(tmp_path):
     empty = "eval" if task.size("train") else "train"
     with pytest.raises(TaskError, match=f"no {empty} rows"):
         task.problem(0, empty)
+
+
+def test_find_maps_a_training_prompt_id_to_the_problem_and_nothing_else():
+    task = make_task({"family": "linear", "level": 1, "seed": 3})
+    problem = task.problem(17)
+    assert task.find(problem.prompt_id) == problem
+    other_seed = make_task({"family": "linear", "level": 1, "seed": 4}).problem(17).prompt_id
+    held_out = task.problem(17, "eval").prompt_id
+    for prompt_id in (other_seed, held_out, problem.prompt_id + "x", problem.prompt_id.rsplit(":", 1)[0] + ":",
+                      problem.prompt_id.rsplit(":", 1)[0] + ":-1", problem.prompt_id.rsplit(":", 1)[0] + ":１７",
+                      "linear-L1:train:3", ""):
+        assert task.find(prompt_id) is None, prompt_id

@@ -23,7 +23,8 @@ class Retokenizer(_peers.Retokenizer):
 
 
 def to_peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict]:
-    """The arrived experience as a PeerBatch in this policy's tokens, and stats (peer_wait_s, peers_complete, thl_*)."""
+    """The arrived experience as a PeerBatch in this policy's tokens, and stats (peer_wait_s, peers_complete,
+    peer_dropped, thl_*)."""
     batch = PeerBatch(capability=dict(arrived.capability))
     pending = []     # (target dict, prompt index, producer, payload, behaviour sequence log-prob)
     for p, pid in enumerate(prompt_ids):
@@ -40,4 +41,5 @@ def to_peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokeniz
         target.setdefault(p, []).append(PeerSample(
             producer=producer, prompt_index=p, ids=own_ids, text=payload.response_text, reward=payload.reward,
             behaviour_logp=logp, chunks=c))
-    return batch, {"peer_wait_s": arrived.waited_s, "peers_complete": arrived.complete, **stats}
+    return batch, {"peer_wait_s": arrived.waited_s, "peers_complete": arrived.complete,
+                   "peer_dropped": arrived.dropped, **stats}

@@ -1,11 +1,13 @@
 """The training loop of one policy: rollout → reward → publish → peers → update → checkpoint.
 
-    step t:  problems   = task.batch(t, P)                       same prompts for every policy at step t
+    step t:  problems   = task.batch(t, P)                       lockstep: same prompts for every policy at step t
+                                                                 async: up to ⌊guided_share·P⌋ of them replaced
+                                                                 by prompts the peers published (problems())
              y_1..y_G   ~ π_old(· | x)                           engine.generate, behaviour log-probs kept
              R_i        = verifier(x, y_i) ∈ [0, 1]
              publish    rollouts, group_stats, successes, policy_stats (when an exchange is configured)
-             peers      what the peers published for these prompt ids, waited for at most peer_wait_s,
-                        retokenized by THL (sharing modes other than none; peers.py)
+             peers      what the peers published for these prompt ids (lockstep: waited for at most
+                        peer_wait_s; async: no wait), retokenized by THL (modes other than none; mrl.peers)
              plan       the sharing mode's advantages and extra sequences (sharing/): none is
                         A_i = (R_i − mean R) / (std R + ε)       (Dr.GRPO: no std)
              θ ← θ − lr ∇ L(θ)                                   L = the mode's own loss (GRPO / GSPO, DAPO
@@ -18,6 +20,7 @@ The batch is split into micro-batches of at most `loss.micro_batch_tokens` padde
 micro-batch loss is normalised by the whole batch's totals, so the accumulated gradient equals the
 full-batch gradient. With μ = updates_per_step = 1, π_old is π_θ detached (no extra forward).
 """
+import collections
 import contextlib
 import copy
 import hashlib
@@ -92,7 +95,8 @@ def build_trainer(config: TrainerConfig, exchange=None) -> "Trainer":
                 raise TrainerError(f"sharing mode {sharing.name!r} takes peers' experience: pass an exchange client")
             inbox = closing.enter_context(contextlib.closing(PeerInbox(
                 exchange, config.run_id, config.policy, sharing.kinds, config.sharing.peers,
-                config.sharing.max_staleness)))
+                config.sharing.max_staleness, coupling=config.sharing.coupling, max_age_s=config.sharing.max_age_s,
+                max_prompts=config.sharing.max_prompts)))
             retokenize = Retokenizer(config.exchange.tokenizer_id, _align_client(config, closing))
         if config.scheduler:
             from mrl.scheduler_client import SchedulerClient
@@ -158,6 +162,7 @@ class Trainer:
         self.resumed_from = resumed_from
         self._should_stop = lambda: False     # run()'s, so that a stop cuts the wait for peers short
         self._saved_step = self.state.step if resumed_from else None
+        self._solved: collections.OrderedDict[str, None] = collections.OrderedDict()  # prompts own samples solved
 
     @contextlib.contextmanager
     def _lease(self, phase: str):
@@ -198,9 +203,30 @@ class Trainer:
                                f"{problem.prompt_id}; rewards must lie in [0, 1]")
         return reward, answer
 
-    def rollout(self, step: int) -> StepBatch:
+    def problems(self, step: int) -> tuple[list[Problem], int]:
+        """The prompts of step `step` and how many of them the peers chose. lockstep (or no peers): the task's
+        step-th batch, the same for every policy. async: first up to ⌊guided_share·P⌋ prompts the peers have
+        published (PeerIndex.offered: their successes this policy has not solved first), then the task's
+        step-th batch for the rest. A peer's prompt id is only a key into this policy's own task (Task.find):
+        the question and the answer are always its own."""
+        size, sharing = self.cfg.rollout.prompts_per_step, self.cfg.sharing
+        own = self.task.batch(step, size)
+        if self.inbox is None or sharing.coupling == "lockstep":
+            return own, 0
+        guided: dict[str, Problem] = {}
+        for prompt_id in self.inbox.offered(self._solved.keys()):
+            if len(guided) >= int(sharing.guided_share * size):
+                break
+            problem = self.task.find(prompt_id)
+            if problem is not None:
+                guided[problem.prompt_id] = problem
+        rest = [p for p in own if p.prompt_id not in guided][:size - len(guided)]
+        return [*guided.values(), *rest], len(guided)
+
+    def rollout(self, step: int, problems: list[Problem] | None = None) -> StepBatch:
+        """Sample and verify G responses to each problem (default: the task's step-th batch)."""
         r = self.cfg.rollout
-        problems = self.task.batch(step, r.prompts_per_step)
+        problems = problems or self.task.batch(step, r.prompts_per_step)
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                 seed=self.cfg.seed * 1_000_003 + step)
         try:
@@ -237,9 +263,11 @@ class Trainer:
     def step(self) -> dict:
         t = self.state.step
         start = time.perf_counter()
+        problems, guided = self.problems(t)
         with self._lease("rollout"):
-            batch = self.rollout(t)
+            batch = self.rollout(t, problems)
         rollout_s = time.perf_counter() - start
+        self._note_solved(batch)
         flat_rewards = [r for group in batch.rewards for r in group]
         n_samples = len(flat_rewards)
         tokens = sum(len(s.ids) for group in batch.samples for s in group)
@@ -256,8 +284,10 @@ class Trainer:
         peer_stats, peers = {}, PeerBatch()
         if self.inbox is not None:
             prompt_ids = [p.prompt_id for p in batch.problems]
-            arrived = self.inbox.collect(t, prompt_ids, self.cfg.sharing.peer_wait_s, stop=self._should_stop)
+            wait_s = self.cfg.sharing.peer_wait_s if self.cfg.sharing.coupling == "lockstep" else 0.0
+            arrived = self.inbox.collect(t, prompt_ids, wait_s, stop=self._should_stop)
             peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
+            peer_stats["peer_guided"] = guided
         plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
         start = time.perf_counter()
         with self._lease("update"):
@@ -273,6 +303,15 @@ class Trainer:
                   "published": published, **peer_stats, **stats}
         self.metrics.log(t, **record)
         return record
+
+    def _note_solved(self, batch: StepBatch, keep: int = 65536) -> None:
+        """Remember the prompts own samples solved (the most recent `keep`), so peer guidance prefers others."""
+        for problem, rewards in zip(batch.problems, batch.rewards):
+            if max(rewards) >= 1.0:
+                self._solved[problem.prompt_id] = None
+                self._solved.move_to_end(problem.prompt_id)
+        while len(self._solved) > keep:
+            self._solved.popitem(last=False)
 
     def publish(self, experiences) -> int:
         """Publish a step's experience through the outbox (outbox.py, under checkpoint.dir), with whatever

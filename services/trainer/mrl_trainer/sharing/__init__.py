@@ -8,9 +8,11 @@
             exponential IS on peer samples                        takes rollout, policy_stats
 
 Each policy chooses its mode in its own config (`sharing:`), so one run can mix modes. Every
-policy publishes all four kinds whatever its mode. Coordination (trainer.py, peers.py): prompts
-by global id; at step t a policy waits at most `peer_wait_s` for its peers' experience of its
-batch, then goes on with what arrived; experience older than `max_staleness` versions is dropped.
+policy publishes all four kinds whatever its mode. Coordination (trainer.py, mrl.peers): prompts
+by global id, in one of two couplings. lockstep: at step t a policy waits at most `peer_wait_s` for
+its peers' experience of its batch, then goes on with what arrived. async: a policy never waits; it
+uses what its peers have published for its batch's prompts, and up to `guided_share` of a batch are
+prompts its peers published. Both drop experience more than `max_staleness` versions old.
 
 A mode describes itself in its class (name, title, kinds, Config, stats: see SharingMode) and is
 registered in MODES; the `sharing:` config (SharingConfig), `mrl experiment compare` and the run
@@ -41,11 +43,13 @@ class Coordination:
     """Not a mode: the statistics the trainer logs, declared like a mode's, for every mode that takes peers'
     experience (peers.to_peer_batch): the wait for peers and the THL residual of the retokenized responses."""
     stats = {"peer_wait_s": "seconds waited for peers", "peers_complete": "fraction of peers in time",
-             "thl_one_to_one": "THL share of 1:1 chunks", "thl_lossless": "THL share lossless",
+             "peer_dropped": "peer experiences dropped as stale", "peer_guided": "prompts chosen from the peers'",
+             "peer_recalled": "successes from the library", "thl_one_to_one": "THL share of 1:1 chunks", "thl_lossless": "THL share lossless",
              "thl_tokens_per_chunk": "THL tokens per chunk"}
     figures = {"exchange": ("peer_wait_s", "peers_complete"),
+               "coordination": ("peer_guided", "peer_dropped", "peer_recalled"),
                "thl": ("thl_one_to_one", "thl_lossless", "thl_tokens_per_chunk")}
-    cumulative = frozenset()
+    cumulative = frozenset({"peer_dropped", "peer_guided", "peer_recalled"})
     summary = {"thl_one_to_one": "mean THL 1:1 share"}
 
 
@@ -69,10 +73,23 @@ class _Sharing(BaseModel):
     mode: str
     peers: list[str] = Field(default_factory=list, description="Policies whose experience is used and waited for "
                                                                "([]: any producer; wait for at least one).")
-    peer_wait_s: float = Field(30.0, ge=0, le=3600, description="At step t, wait at most this long for the peers' "
-                                                                "experience of this batch, then go on without.")
-    max_staleness: int = Field(1, ge=0, description="Drop peer experience whose policy version is below "
-                                                    "(own step − max_staleness).")
+    coupling: Literal["lockstep", "async"] = Field(
+        "lockstep", description="lockstep: every policy trains on the same prompts at step t and waits up to "
+                                "peer_wait_s for its peers' experience of them; async: no policy waits, each uses "
+                                "what its peers have published for its batch's prompts (docs/algorithms.md).")
+    peer_wait_s: float = Field(30.0, ge=0, le=3600, description="lockstep: at step t, wait at most this long for the "
+                                                                "peers' experience of this batch, then go on without.")
+    max_staleness: int = Field(1, ge=0, description="lockstep: drop peer experience whose policy version is below "
+                                                    "(own step − max_staleness); async: drop a peer's group once "
+                                                    "its version is below (that peer's latest − max_staleness).")
+    guided_share: float = Field(0.5, ge=0, le=1, description="async: the most of a batch's prompts taken from those "
+                                                             "the peers have published (their successes this "
+                                                             "policy has not solved first); the rest follow the "
+                                                             "task's own order.")
+    max_age_s: float = Field(0, ge=0, description="async: also drop a peer's group older than this (its created_at; "
+                                                  "0: no age limit).")
+    max_prompts: int = Field(4096, gt=0, description="async: the most prompts with peer experience kept in memory "
+                                                     "(the least recently published go first).")
     align: AlignConfig | None = Field(None, description="THL, to retokenize peers whose tokenizer differs.")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The no-harm guard (on by default).")
 

@@ -178,6 +178,15 @@ class Task(abc.ABC):
             raise TaskError(f"batch(step={step}, batch_size={batch_size}): step must be >= 0 and batch_size >= 1")
         return [self.problem(step * batch_size + i, split) for i in range(batch_size)]
 
+    def find(self, prompt_id: str) -> Problem | None:
+        """The training problem a prompt id names, or None when it is not one of this task's training ids (another
+        task, seed or split, or no index): a peer's prompt id is only ever a key into this task's own problems."""
+        prefix = self._prompt_id(0, "train")[:-1]
+        index = prompt_id[len(prefix):] if prompt_id.startswith(prefix) else ""
+        if not (index.isascii() and index.isdigit() and len(index) <= 15):
+            return None
+        return self.problem(int(index), "train")
+
     def reward(self, problem: Problem, response: str) -> float:
         """1.0 if the response solves the problem, else 0.0; TaskError only if the verifier itself breaks."""
         if not isinstance(response, str):
