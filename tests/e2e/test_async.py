@@ -1,0 +1,159 @@
+"""Asynchronous mutual RL (sharing.coupling: async) through a real exchange: a 10× slower peer, a dead peer,
+staleness drops counted, a resumed trainer that takes peer experience again. The peer is scripted (it
+publishes what a trainer publishes, at the pace a test sets); the receiver is a real trainer."""
+import threading
+import time
+
+import pytest
+
+from mrl.exchange_client import ExchangeClient
+from mrl.experience import new_experience
+from mrl.v1 import experience_pb2 as pb
+from mrl_trainer.config import TrainerConfig
+from mrl_trainer.metrics import read_metrics
+from mrl_trainer.trainer import build_trainer
+from helpers import tiny_config
+
+
+class ScriptedPeer:
+    """Publishes, as policy `name`, what a trainer at version k would publish for the task's k-th batch: group
+    stats, one rollout per sample (gpt2 ids, behaviour log-probs) and a verified success, correct by the task's
+    own answer (so a receiver's verifier accepts it)."""
+
+    def __init__(self, target: str, run_id: str, task, tokenizer, name: str = "slow", prompts: int = 2):
+        self.client, self.run_id, self.task, self.tokenizer = ExchangeClient(target), run_id, task, tokenizer
+        self.name, self.prompts = name, prompts
+
+    def publish_step(self, version: int) -> None:
+        out = []
+        for problem in self.task.batch(version, self.prompts):
+            text = f"Answer: {problem.answer}"
+            ids = self.tokenizer.encode(text) + [self.tokenizer.eos_token_id]
+            pid, key = problem.prompt_id, f"{self.name}.{version}.{problem.prompt_id}"
+            out.append(new_experience(self.run_id, self.name, version, pb.GroupStats(
+                prompt_id=pid, group_id=key, rewards=[1.0, 0.0]), f"{key}.gs"))
+            for i, reward in enumerate([1.0, 0.0]):
+                out.append(new_experience(self.run_id, self.name, version, pb.Rollout(
+                    prompt_id=pid, prompt_text=problem.question, response_text=text if reward else "no",
+                    token_ids=ids if reward else self.tokenizer.encode("no"),
+                    logprobs=[-1.0] * len(ids if reward else self.tokenizer.encode("no")), reward=reward,
+                    group_id=key, tokenizer_id="gpt2", sample_index=i), f"{key}.r{i}"))
+            out.append(new_experience(self.run_id, self.name, version, pb.VerifiedSuccess(
+                prompt_id=pid, prompt_text=problem.question, response_text=text, token_ids=ids, reward=1.0,
+                answer=str(problem.answer), group_id=key, tokenizer_id="gpt2"), f"{key}.s"))
+        self.client.publish(out)
+
+    def run_every(self, period_s: float, stop: threading.Event) -> threading.Thread:
+        def loop():
+            version = 0
+            while not stop.is_set():
+                self.publish_step(version)
+                version += 1
+                stop.wait(period_s)
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    def close(self):
+        self.client.close()
+
+
+def _config(tmp_path, exchange, run_id, **sharing):
+    return TrainerConfig.model_validate(tiny_config(
+        tmp_path, run_id=run_id, steps=sharing.pop("steps", 6),
+        exchange={"target": exchange.target, "tokenizer_id": "gpt2"},
+        sharing={"mode": "sgt", "peers": ["slow"], "coupling": "async", **sharing}))
+
+
+def _train_records(tmp_path):
+    return [r for r in read_metrics(tmp_path / "ckpt" / "metrics.jsonl") if r.get("kind", "train") == "train"]
+
+
+@pytest.mark.parametrize("coupling", ["async", "lockstep"])
+def test_a_ten_times_slower_peer_never_holds_back_an_async_policy(tmp_path, exchange, run_id, coupling):
+    """The peer publishes one step every 1.5 s (a tiny trainer's step takes ~0.1-0.3 s here). async: no step
+    waits, and the peer's successes still rescue prompts it chose. lockstep (the contrast): steps wait for it."""
+    steps = 8 if coupling == "async" else 3
+    config = _config(tmp_path, exchange, run_id, coupling=coupling, peer_wait_s=10, steps=steps)
+    stop = threading.Event()
+    with ExchangeClient(exchange.target) as client:
+        trainer = build_trainer(config, exchange=client)
+        peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer)
+        try:
+            thread = peer.run_every(1.5, stop)
+            started = time.monotonic()
+            trainer.run()
+            elapsed = time.monotonic() - started
+        finally:
+            stop.set()
+            trainer.close()
+    thread.join(5)
+    peer.close()
+    train = _train_records(tmp_path)
+    assert [r["step"] for r in train] == list(range(steps))
+    if coupling == "async":
+        assert all(r["peer_wait_s"] < 0.05 for r in train)
+        assert sum(r["peer_guided"] for r in train) >= 1 and sum(r["sgt_rescued"] for r in train) >= 1
+        assert sum(r["sgt_rejected"] for r in train) == 0
+    else:
+        assert sum(r["peer_wait_s"] for r in train[1:]) >= 1.0 and elapsed >= 3.0   # steps 1, 2 wait for the peer
+        assert all(r["peer_guided"] == 0 for r in train)
+
+
+def test_a_dead_peer_costs_an_async_policy_no_wait(tmp_path, exchange, run_id):
+    config = _config(tmp_path, exchange, run_id, peers=["ghost"], peer_wait_s=30, steps=2)
+    with ExchangeClient(exchange.target) as client:
+        trainer = build_trainer(config, exchange=client)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    train = _train_records(tmp_path)
+    assert [r["step"] for r in train] == [0, 1] and all(r["peer_wait_s"] < 0.05 for r in train)
+
+
+def _wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_async_staleness_drops_are_counted(tmp_path, exchange, run_id):
+    """The peer published versions 0..5 before the receiver's first step; with max_staleness 1 its groups of
+    versions 0..3 are dropped (SGT subscribes to group stats and successes: one group stats per prompt, 2 prompts
+    per version); its successes are kept."""
+    config = _config(tmp_path, exchange, run_id, max_staleness=1, steps=2)
+    with ExchangeClient(exchange.target) as client:
+        trainer = build_trainer(config, exchange=client)
+        peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer)
+        try:
+            for version in range(6):
+                peer.publish_step(version)
+            index = trainer.inbox._index
+            _wait_for(lambda: sum(len(e.successes) for by in index.entries.values() for e in by.values()) == 12)
+            trainer.run()
+        finally:
+            trainer.close()
+            peer.close()
+    train = _train_records(tmp_path)
+    assert sum(r["peer_dropped"] for r in train) == 4 * 2
+
+
+def test_a_resumed_async_trainer_takes_peer_experience_again(tmp_path, exchange, run_id):
+    for steps in (2, 4):                                      # a run of 2 steps, then resumed to 4
+        config = _config(tmp_path, exchange, run_id, steps=steps)
+        with ExchangeClient(exchange.target) as client:
+            trainer = build_trainer(config, exchange=client)
+            assert trainer.state.step == steps - 2
+            peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer)
+            try:
+                peer.publish_step(steps * 10)                 # a fresh peer step each time
+                _wait_for(lambda: any(trainer.inbox.offered()))
+                trainer.run()
+            finally:
+                trainer.close()
+                peer.close()
+    train = _train_records(tmp_path)
+    assert [r["step"] for r in train] == [0, 1, 2, 3]
+    assert train[0]["sgt_rescued"] >= 1 and train[2]["sgt_rescued"] >= 1      # before and after the resume
