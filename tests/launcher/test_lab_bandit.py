@@ -39,7 +39,7 @@ def test_quick_prints_one_line_per_mode_and_ends_with_one_json_line(quick):
     assert len(result["points"]) == 1
     point = result["points"][0]
     assert point["point"] == {"gap": 1.0, "overlap": 0.5, "staleness": 0, "tokenizers": "gpt2/mistral-v1",
-                              "group_size": 8, "interference": 0.0}
+                              "group_size": 8, "interference": 0.0, "speed": 1}
     assert set(point["modes"]) == set(SHARING_MODES)          # every registered mode, nothing else
     for mode in SHARING_MODES:
         assert sum(line.strip().startswith(f"{mode} ") for line in lines) == 1, mode
@@ -118,3 +118,24 @@ def test_a_variant_runs_under_its_own_name():
     assert "guard_trust" in modes["xgrpo:uniform_groups=zero"]["stats"]         # guarded by default
     assert "guard_trust" not in modes["sgt-unguarded"]["stats"]
     assert result["point"]["interference"] == 1.0
+
+
+def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guidance():
+    from dataclasses import replace
+    from mrl_launcher.lab.point import Settings
+    from mrl_launcher.lab.run import mode_config, run_one
+    cfg = mode_config("sgt:coupling=async:guided_share=0.5:lam=0.2")
+    assert (cfg.coupling, cfg.guided_share, cfg.sgt.lam) == ("async", 0.5, 0.2)
+    settings = Settings(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=1, p_strong=0.99, p_weak=0.0)
+    point = replace(Point(), gap=1.0, speed=3)
+    run = run_one(point, settings, "sgt:coupling=async", seed=0)
+    assert run["eval_steps"] == [0, 2, 4, 6] and run["rollouts"] == [0, 48, 96, 144]
+    for policy in ("a", "b"):
+        p = run["policies"][policy]
+        assert len(p["curve"]) == 4 and len(p["reward"]) == 6 and p["grad_var"] is None
+        assert p["stats"]["peer_guided"] > 0 and p["stats"]["sgt_rescued"] > 0
+    unguided = run_one(point, settings, "sgt:coupling=async:guided_share=0", seed=0)
+    assert all(unguided["policies"][k]["stats"]["peer_guided"] == 0 for k in ("a", "b"))
+    with pytest.raises(Exception, match="speed 0"):
+        from mrl_launcher.lab.run import run_points
+        run_points([replace(Point(), speed=0)], settings, ["none"], [0], workers=1)

@@ -30,6 +30,9 @@ def bandit(parser):
     axes.add_argument("--group-size", type=int, default=d.group_size, help="G (%(default)s)")
     axes.add_argument("--interference", type=float, default=d.interference,
                       help="β, weight of a logit table shared by all contexts (%(default)s: contexts independent)")
+    axes.add_argument("--speed", type=int, default=d.speed,
+                      help="a's steps per step of b under the async coupling (a mode spec with coupling=async, "
+                           "e.g. sgt:coupling=async; %(default)s)")
     more = parser.add_argument_group("settings")
     more.add_argument("--steps", type=int)
     more.add_argument("--contexts", type=int)
@@ -54,7 +57,7 @@ def bandit(parser):
                      if getattr(args, k) is not None}
         settings = replace(settings, **overrides)
         base = Point(gap=args.gap, overlap=args.overlap, staleness=args.staleness, tokenizers=args.tokenizers,
-                     group_size=args.group_size, interference=args.interference)
+                     group_size=args.group_size, interference=args.interference, speed=args.speed)
         points = sweep_points(base) if args.sweep else [base]
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
         seeds = list(range(args.first_seed, args.first_seed + (args.seeds or (3 if args.quick else 30))))

@@ -1,9 +1,10 @@
 """Peer experience as the trainer receives it, without the services: publish → arrive → retokenize.
 
     publish    mrl_trainer.experience.step_experiences(batch, ...)      the four kinds, as protobufs
-    arrive     what PeerInbox.collect hands over (mrl_trainer.peers):   only the kinds the receiver's mode
+    arrive     what PeerInbox.collect hands over (mrl.peers):           only the kinds the receiver's mode
                takes (plus group_stats), experience whose version is below (step − max_staleness)
-               dropped, the producers' latest policy_stats as capabilities
+               dropped, the producers' latest policy_stats as capabilities (lockstep)
+    AsyncInbox the same under the async coupling: kept across steps within each peer's own version lag
     retokenize mrl_trainer.peers.to_peer_batch with the trainer's Retokenizer, whose THL client is
                InProcessAlign: THL's in-process core (mrl_tokenizer_align.align) instead of the gRPC service
 
@@ -21,7 +22,7 @@ from mrl_trainer.experience import StepBatch, step_experiences
 from mrl_trainer.peers import Arrived, PeerIndex, Retokenizer, to_peer_batch
 from mrl_trainer.sharing import PeerBatch
 
-__all__ = ["InProcessAlign", "publish", "arrive", "receive"]
+__all__ = ["InProcessAlign", "publish", "arrive", "receive", "AsyncInbox"]
 
 RUN_ID = "lab-bandit"
 
@@ -71,11 +72,35 @@ def arrive(experiences: list, *, step: int, prompt_ids: list[str], kinds: tuple[
     return Arrived(index.take(prompt_ids), index.capability(), waited_s=0.0, complete=1.0)
 
 
-def receive(experiences: list, *, step: int, prompt_ids: list[str], kinds: tuple[str, ...], max_staleness: int,
-            retokenize: Retokenizer) -> tuple[PeerBatch, dict[str, float]]:
-    """The receiver's PeerBatch (its own tokens) and the trainer's peer statistics (thl_* when retokenized)."""
-    arrived = arrive(experiences, step=step, prompt_ids=prompt_ids, kinds=kinds, max_staleness=max_staleness)
+def _peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict]:
     peers, stats = to_peer_batch(arrived, prompt_ids, retokenize)
     stats.pop("peer_wait_s", None)
     stats.pop("peers_complete", None)
     return peers, stats
+
+
+def receive(experiences: list, *, step: int, prompt_ids: list[str], kinds: tuple[str, ...], max_staleness: int,
+            retokenize: Retokenizer) -> tuple[PeerBatch, dict[str, float]]:
+    """The receiver's PeerBatch (its own tokens) and the trainer's peer statistics (thl_* when retokenized)."""
+    arrived = arrive(experiences, step=step, prompt_ids=prompt_ids, kinds=kinds, max_staleness=max_staleness)
+    return _peer_batch(arrived, prompt_ids, retokenize)
+
+
+class AsyncInbox:
+    """What PeerInbox keeps under the async coupling (mrl.peers), fed in process: the kinds the receiver
+    subscribes to, kept across steps in an async PeerIndex; `receive` takes a batch's prompts as collect(…, 0)."""
+
+    def __init__(self, kinds: tuple[str, ...], max_staleness: int):
+        self.subscribed = {*kinds, "group_stats"}
+        self.index = PeerIndex("async", max_staleness)
+
+    def deliver(self, experiences: list) -> None:
+        for e in experiences:
+            if kind_of(e) in self.subscribed:
+                self.index.add(e)
+
+    def receive(self, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict[str, float]]:
+        self.index.prune()
+        arrived = Arrived(self.index.take(prompt_ids), self.index.capability(), waited_s=0.0, complete=1.0,
+                          dropped=self.index.take_dropped())
+        return _peer_batch(arrived, prompt_ids, retokenize)

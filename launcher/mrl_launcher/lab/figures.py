@@ -17,7 +17,8 @@ COLORS = {"none": "#444444", "prp": "#d62728", "xgrpo": "#1f77b4", "sgt": "#2ca0
 
 def point_title(point: dict) -> str:
     return (f"gap {point['gap']:g}, overlap {point['overlap']:g}, staleness {point['staleness']}, "
-            f"{point['tokenizers']}, G {point['group_size']}, interference {point.get('interference', 0):g}")
+            f"{point['tokenizers']}, G {point['group_size']}, interference {point.get('interference', 0):g}, "
+            f"speed {point.get('speed', 1)}")
 
 
 def _grid(n: int):

@@ -10,6 +10,8 @@
     group_size   G, own samples per context and step
     interference β: weight of a logit table shared by all contexts (0: none, each context its own table;
                  > 0: an update on one context moves the others, so a peer's format can drag a receiver)
+    speed        a's steps per step of b under the async coupling (sharing.coupling: async); lockstep runs
+                 both at one pace whatever it is
 """
 import os
 from dataclasses import dataclass, replace
@@ -26,6 +28,7 @@ class Point:
     tokenizers: str = "gpt2/mistral-v1"  # a's / b's tokenizer ("gpt2/gpt2": no mismatch)
     group_size: int = 8                  # G
     interference: float = 0.0            # β, the shared table's weight (0: contexts independent)
+    speed: int = 1                       # async: a's steps per step of b
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from pydantic import ValidationError
 
 from mrl.errors import FailedPrecondition
 from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
-from mrl_launcher.lab.exchange import InProcessAlign, publish, receive
+from mrl_launcher.lab.exchange import AsyncInbox, InProcessAlign, publish, receive
 from mrl_launcher.lab.point import Point, Settings
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
@@ -52,7 +52,7 @@ from mrl_trainer.config import LossConfig
 from mrl_trainer.experience import StepBatch, capability
 from mrl_trainer.update import gradient, update
 from mrl_trainer.peers import Retokenizer
-from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Verifier, make_sharing, sharing_config
+from mrl_trainer.sharing import COMMON_FIELDS, SHARING_MODES, PeerBatch, Verifier, make_sharing, sharing_config
 
 __all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points"]
 
@@ -111,6 +111,8 @@ class _Policy:
     records: list = field(default_factory=list)
     curve: list = field(default_factory=list)
     probes: list = field(default_factory=list)
+    inbox: AsyncInbox | None = None            # async coupling: the peer's experience, kept across steps
+    solved: set = field(default_factory=set)   # async: prompts own samples solved (guidance prefers others)
 
 
 def _rollout(model: TabularPolicy, problems, group_size: int, generator, step: int) -> StepBatch:
@@ -225,9 +227,10 @@ UNGUARDED = "-unguarded"
 
 def mode_config(spec: str, **common):
     """A mode spec → its validated `sharing:` section. A spec is a registered mode (`xgrpo`) or a variant of
-    one, `mode:field=value[:field=value …]`: a plain field is one of the mode's own section
-    (`xgrpo:uniform_groups=zero`, `sgt:normalize=prompts:lam=0.2`), a dotted one a path in `sharing:`
-    (`prp:guard.trust_rate=0`); values read as YAML. A spec ending in `-unguarded` runs without the
+    one, `mode:field=value[:field=value …]`: a plain field is a field of `sharing:` common to every mode
+    (`sgt:coupling=async:guided_share=0`) or else one of the mode's own section (`xgrpo:uniform_groups=zero`,
+    `sgt:normalize=prompts:lam=0.2`), a dotted one a path in `sharing:` (`prp:guard.trust_rate=0`); values
+    read as YAML. A spec ending in `-unguarded` runs without the
     no-harm guard (`sgt-unguarded`, `sgt:lam=1-unguarded`). FailedPrecondition on a bad spec."""
     body, unguarded = (spec[:-len(UNGUARDED)], True) if spec.endswith(UNGUARDED) else (spec, False)
     mode, *fields = body.split(":")
@@ -239,7 +242,7 @@ def mode_config(spec: str, **common):
         if not sep or not key:
             raise FailedPrecondition(f"{spec!r}: a variant is mode:field=value[:field=value …], not {field!r}")
         *path, name = key.split(".")
-        target = top if path else section
+        target = top if path or name in COMMON_FIELDS else section
         for part in path:
             target = target.setdefault(part, {})
         target[name] = yaml.safe_load(value)
@@ -251,6 +254,108 @@ def mode_config(spec: str, **common):
         where = ".".join(map(str, exc.errors()[0]["loc"])) if isinstance(exc, ValidationError) else "sharing"
         message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise FailedPrecondition(f"{spec!r} is not a valid {mode} variant: {message} (at {where})") from exc
+
+
+def _step(k: _Policy, batch: StepBatch, window: int) -> None:
+    """A policy's books after sampling a batch: its recent batch rewards, rollouts, the version history."""
+    n = sum(map(len, batch.rewards))
+    k.batch_rewards = (k.batch_rewards + [sum(map(sum, batch.rewards)) / n])[-window:]
+    k.rollouts_total += n
+    k.history.append((batch.step, _snapshot(k.model), list(k.batch_rewards)))
+
+
+def _learn(k: _Policy, batch: StepBatch, peers: PeerBatch, peer_stats: dict, cfg, loss: LossConfig,
+           settings: Settings, window: int) -> dict:
+    """The receiver's plan and update, as Trainer.step; the step's record."""
+    plan = k.sharing.plan(batch, peers, capability=capability(k.batch_rewards, window), verify=Verifier(batch, reward))
+    stats = update(k.model.completion_logprobs, list(k.model.parameters()), k.optimizer, k.sharing, loss,
+                   batch, plan, max_tokens=settings.max_new_tokens)
+    record = {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
+    if cfg.mode == "xgrpo":
+        record.update(_baseline_shift(batch, peers))
+    return record
+
+
+def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit, loss: LossConfig, window: int,
+                  seed: int) -> list[int]:
+    """Both policies step together on the same contexts (the module docstring); returns the eval steps."""
+    peer_gen = np.random.default_rng([seed, 19])
+    probe_steps = sorted({min(int(f * settings.steps), settings.steps - 1) for f in settings.probe_at})
+    problems_of = lambda step: bandit.batch(step, settings.prompts_per_step)  # noqa: E731
+    eval_steps = []
+    for t in range(settings.steps + 1):
+        if t % settings.eval_every == 0 or t == settings.steps:
+            eval_steps.append(t)
+            for k in pols:
+                k.curve.append(_greedy_success(k.model, bandit))
+        if t == settings.steps:
+            break
+        if settings.probes > 1 and t in probe_steps:
+            for i in range(2):
+                pols[i].probes.append(_probe(pols, i, problems_of, point, settings, loss, t, seed, window,
+                                             cfg.max_staleness))
+        problems = problems_of(t)
+        batches = [_rollout(k.model, problems, point.group_size, k.generator, t) for k in pols]
+        for k, batch in zip(pols, batches):
+            _step(k, batch, window)
+        published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" else []
+                     for k, b in zip(pols, batches)]
+        for i, k in enumerate(pols):
+            peers, peer_stats = PeerBatch(), {}
+            if k.sharing.kinds:
+                peers, peer_stats = receive(published[1 - i], step=t, prompt_ids=[p.prompt_id for p in problems],
+                                            kinds=k.sharing.kinds, max_staleness=cfg.max_staleness,
+                                            retokenize=Retokenizer(k.tokenizer_id, _aligner()))
+            k.records.append(_learn(k, batches[i], peers, peer_stats, cfg, loss, settings, window))
+    return eval_steps
+
+
+def _guided(k: _Policy, bandit: Bandit, t: int, size: int, share: float) -> tuple[list, int]:
+    """As Trainer.problems under the async coupling: up to ⌊share·P⌋ contexts the peer published (its successes
+    k has not solved first), then step t's own schedule for the rest."""
+    by_id = {p.prompt_id: p for p in bandit.problems}
+    guided = [by_id[pid] for pid in k.inbox.index.offered(k.solved) if pid in by_id][:int(share * size)]
+    taken = {p.prompt_id for p in guided}
+    rest = [p for p in bandit.batch(t, size) if p.prompt_id not in taken][:size - len(guided)]
+    return guided + rest, len(guided)
+
+
+def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit, loss: LossConfig,
+               window: int) -> list[int]:
+    """The async coupling: a steps `point.speed` times per step of b, each on its own schedule (plus the
+    peer-guided contexts), taking what the other has published so far (AsyncInbox). Each policy is measured over
+    its own first `steps` steps (its curve at its own rollouts); a keeps training and publishing until b has made
+    its `steps`, as a faster policy does in a run of fixed wall time. Returns the eval steps."""
+    for k in pols:
+        k.inbox = AsyncInbox(k.sharing.kinds, cfg.max_staleness) if k.sharing.kinds else None
+    ticks = [(t, 0) for t in range(settings.steps * point.speed)] + [(t * point.speed, 1) for t in range(settings.steps)]
+    steps = [0, 0]
+    eval_steps = [t for t in range(settings.steps + 1) if t % settings.eval_every == 0 or t == settings.steps]
+    for _, i in sorted(ticks):
+        k, peer, t = pols[i], pols[1 - i], steps[i]
+        if t in eval_steps:
+            k.curve.append(_greedy_success(k.model, bandit))
+        problems, guided = (_guided(k, bandit, t, settings.prompts_per_step, cfg.guided_share) if k.inbox
+                            else (bandit.batch(t, settings.prompts_per_step), 0))
+        batch = _rollout(k.model, problems, point.group_size, k.generator, t)
+        _step(k, batch, window)
+        k.solved |= {p.prompt_id for p, rewards in zip(problems, batch.rewards) if max(rewards) >= 1.0}
+        if peer.inbox is not None:
+            peer.inbox.deliver(publish(batch, policy=k.name, version=t, tokenizer_id=k.tokenizer_id,
+                                       batch_rewards=k.batch_rewards, window=window, rollouts_total=k.rollouts_total))
+        peers, peer_stats = PeerBatch(), {}
+        if k.inbox is not None:
+            peers, peer_stats = k.inbox.receive([p.prompt_id for p in problems],
+                                                Retokenizer(k.tokenizer_id, _aligner()))
+            peer_stats["peer_guided"] = guided
+        record = _learn(k, batch, peers, peer_stats, cfg, loss, settings, window)
+        if t < settings.steps:                  # a beyond its measured steps feeds b, and is not measured
+            k.records.append(record)
+        steps[i] += 1
+    for k, made in zip(pols, steps):
+        if made == settings.steps:              # the last eval (a policy that went on had it before its next step)
+            k.curve.append(_greedy_success(k.model, bandit))
+    return eval_steps
 
 
 def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
@@ -271,40 +376,11 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
                                                                 weight_decay=loss.weight_decay),
                             make_sharing(cfg, loss), np.random.default_rng([seed, 17, k]),
                             history=collections.deque(maxlen=point.staleness + 1)))
-    peer_gen = np.random.default_rng([seed, 19])
-    probe_steps = sorted({min(int(f * settings.steps), settings.steps - 1) for f in settings.probe_at})
-    problems_of = lambda step: bandit.batch(step, settings.prompts_per_step)  # noqa: E731
     P, G = settings.prompts_per_step, point.group_size
-    eval_steps = []
-    for t in range(settings.steps + 1):
-        if t % settings.eval_every == 0 or t == settings.steps:
-            eval_steps.append(t)
-            for k in pols:
-                k.curve.append(_greedy_success(k.model, bandit))
-        if t == settings.steps:
-            break
-        if settings.probes > 1 and t in probe_steps:
-            for i in range(2):
-                pols[i].probes.append(_probe(pols, i, problems_of, point, settings, loss, t, seed, window,
-                                             cfg.max_staleness))
-        problems = problems_of(t)
-        batches = [_rollout(k.model, problems, G, k.generator, t) for k in pols]
-        for k, batch in zip(pols, batches):
-            n = len(problems) * G
-            k.batch_rewards = (k.batch_rewards + [sum(map(sum, batch.rewards)) / n])[-window:]
-            k.rollouts_total += n
-            k.history.append((t, _snapshot(k.model), list(k.batch_rewards)))
-        published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" else []
-                     for k, b in zip(pols, batches)]
-        for i, k in enumerate(pols):
-            peers, peer_stats, plan = _plan(k, batches[i], published[1 - i], t, k.batch_rewards, window,
-                                            cfg.max_staleness)
-            stats = update(k.model.completion_logprobs, list(k.model.parameters()), k.optimizer, k.sharing, loss,
-                           batches[i], plan, max_tokens=settings.max_new_tokens)
-            record = {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
-            if cfg.mode == "xgrpo":
-                record.update(_baseline_shift(batches[i], peers))
-            k.records.append(record)
+    if cfg.coupling == "async":
+        eval_steps = _run_async(pols, cfg, point, settings, bandit, loss, window)
+    else:
+        eval_steps = _run_lockstep(pols, cfg, point, settings, bandit, loss, window, seed)
     out = {"mode": mode, "seed": seed, "eval_steps": eval_steps, "cpu_s": time.process_time() - cpu,
            "rollouts": [t * P * G for t in eval_steps], "policies": {}}
     for k in pols:
@@ -335,6 +411,8 @@ def run_points(points: list[Point], settings: Settings, modes: list[str], seeds:
         mode_config(m)            # fail early on a bad spec
     for p in points:
         _vocabs(p.tokenizers)     # fail early on a missing tokenizer
+        if p.speed < 1:
+            raise FailedPrecondition(f"speed {p.speed}: a's steps per step of b must be >= 1")
     tasks = [(i, p, settings, m, s) for i, p in enumerate(points) for s in seeds for m in modes]
     results: list[dict] = [{m: [] for m in modes} for _ in points]
     left = [len(seeds) * len(modes)] * len(points)

@@ -31,7 +31,7 @@ from mrl_trainer.sharing.prp import PRP
 from mrl_trainer.sharing.sgt import SGT
 from mrl_trainer.sharing.xgrpo import XGRPO
 
-__all__ = ["MODES", "SHARING_MODES", "SharingConfig", "sharing_config", "AlignConfig", "Coordination",
+__all__ = ["MODES", "SHARING_MODES", "COMMON_FIELDS", "SharingConfig", "sharing_config", "AlignConfig", "Coordination",
            "STAT_SOURCES", "stat_labels", "make_sharing", "Extra", "PeerBatch", "PeerSample", "Plan", "SharingMode",
            "Verifier"]
 
@@ -92,6 +92,9 @@ class _Sharing(BaseModel):
                                                      "(the least recently published go first).")
     align: AlignConfig | None = Field(None, description="THL, to retokenize peers whose tokenizer differs.")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The no-harm guard (on by default).")
+
+
+COMMON_FIELDS: frozenset[str] = frozenset(_Sharing.model_fields) - {"mode"}   # the fields of every mode's `sharing:`
 
 
 def _member(mode: type[SharingMode]) -> type[_Sharing]:
