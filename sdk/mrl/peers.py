@@ -25,7 +25,8 @@ Two couplings, by global prompt id:
             lag: a group (its rollouts and group_stats) of version v from producer p is dropped once
             v < (p's latest version seen − max_staleness), or once it is older than max_age_s (the
             producer's created_at); a newer group of the same (prompt, producer) replaces an older one.
-            Verified successes are kept however old (the receiver re-verifies them). At most max_prompts
+            Verified successes are kept however old (the receiver re-verifies them), and stay when a
+            step takes them, for the next time the policy meets the prompt. At most max_prompts
             prompts are kept (the least recently published go first). Deliveries are acked on arrival:
             the index, not the exchange, holds them while they wait. `offered` lists the prompts with
             peer experience, those with a peer success first, for a peer-guided batch.
@@ -172,8 +173,17 @@ class PeerIndex:
         return stale
 
     def take(self, prompt_ids: list[str]) -> dict[str, dict[str, _Entry]]:
-        """Remove and return the entries of these prompts."""
-        return {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
+        """Remove and return the entries of these prompts. async: their successes stay (a rescue may be needed
+        again the next time this policy meets the prompt)."""
+        taken = {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
+        if self.coupling == "async":
+            for pid, by_producer in taken.items():
+                kept = {producer: _Entry(entry.version, entry.created_s, successes=list(entry.successes),
+                                         seen=set(entry.seen))
+                        for producer, entry in by_producer.items() if entry.successes}
+                if kept:
+                    self.entries[pid] = kept
+        return taken
 
     def offered(self, solved: set[str] | frozenset = frozenset()) -> list[str]:
         """The prompts with peer experience, for a peer-guided batch: first those where a peer has a verified

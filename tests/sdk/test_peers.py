@@ -102,3 +102,20 @@ def test_offered_puts_peer_successes_this_policy_lacks_first_newest_first():
 def test_an_unknown_coupling_is_refused():
     with pytest.raises(ValueError, match="coupling"):
         PeerIndex("loose")
+
+
+def test_async_take_consumes_a_group_once_and_keeps_the_successes_for_the_next_meeting():
+    ix = index()
+    add_all(ix, group("peer", 1, "p", [1.0, 0.0]) + [success("peer", 1, "p")])
+    first = ix.take(["p"])["p"]["peer"]
+    assert (first.group_rewards, len(first.rollouts), len(first.successes)) == ([1.0, 0.0], 2, 1)
+    again = ix.take(["p"])["p"]["peer"]
+    assert (again.group_rewards, again.rollouts, len(again.successes)) == (None, [], 1)
+    add_all(ix, group("peer", 1, "p", [1.0, 0.0]))      # the same group again (a redelivery) is not used twice
+    assert ix.entries["p"]["peer"].group_rewards is None
+
+
+def test_lockstep_take_removes_everything():
+    ix = PeerIndex("lockstep")
+    add_all(ix, group("peer", 1, "p", [1.0]) + [success("peer", 1, "p")])
+    assert set(ix.take(["p"])) == {"p"} and ix.entries == {}

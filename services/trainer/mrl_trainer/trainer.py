@@ -284,10 +284,11 @@ class Trainer:
         peer_stats, peers = {}, PeerBatch()
         if self.inbox is not None:
             prompt_ids = [p.prompt_id for p in batch.problems]
+            recalled = self.recall(batch)
             wait_s = self.cfg.sharing.peer_wait_s if self.cfg.sharing.coupling == "lockstep" else 0.0
             arrived = self.inbox.collect(t, prompt_ids, wait_s, stop=self._should_stop)
             peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
-            peer_stats["peer_guided"] = guided
+            peer_stats.update(peer_guided=guided, peer_recalled=recalled)
         plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
         start = time.perf_counter()
         with self._lease("update"):
@@ -303,6 +304,25 @@ class Trainer:
                   "published": published, **peer_stats, **stats}
         self.metrics.log(t, **record)
         return record
+
+    def recall(self, batch: StepBatch) -> int:
+        """async, modes that take successes: fetch the peers' verified successes on the prompts this batch failed
+        entirely from the exchange's success library (GetSuccesses) into the inbox; returns how many came. A
+        library that cannot answer (an older exchange, the library turned off, the exchange unreachable) costs
+        the step its recall, never the run."""
+        if self.cfg.sharing.coupling != "async" or "success" not in self.sharing.kinds:
+            return 0
+        failed = [p.prompt_id for p, rewards in zip(batch.problems, batch.rewards) if max(rewards) < 1.0]
+        if not failed:
+            return 0
+        try:
+            successes = self.exchange.get_successes(self.cfg.run_id, self.cfg.policy, failed,
+                                                    producers=self.cfg.sharing.peers)
+        except MrlError as exc:
+            log.warning("step %d: no successes from the exchange's library: %s", batch.step, exc)
+            return 0
+        self.inbox.recall(successes)
+        return len(successes)
 
     def _note_solved(self, batch: StepBatch, keep: int = 65536) -> None:
         """Remember the prompts own samples solved (the most recent `keep`), so peer guidance prefers others."""
