@@ -53,6 +53,7 @@ class Dispatcher:
         self._watchers: set[_Watcher] = set()
         self._pump_task: asyncio.Task | None = None
         self._sweep_task: asyncio.Task | None = None
+        self._nudges: set[asyncio.Task] = set()
         self._stopping = False
 
     async def start(self) -> None:
@@ -64,7 +65,9 @@ class Dispatcher:
         # The pump ends by itself within one blocking read (cancelling a read in progress can hang redis-py).
         self._stopping = True
         self._sweep_task.cancel()
-        await asyncio.gather(self._sweep_task, return_exceptions=True)
+        for task in self._nudges:
+            task.cancel()
+        await asyncio.gather(self._sweep_task, *self._nudges, return_exceptions=True)
         done, _ = await asyncio.wait({self._pump_task}, timeout=PUMP_BLOCK_MS / 1000 + 2)
         if not done:
             self._pump_task.cancel()
@@ -84,7 +87,20 @@ class Dispatcher:
                       detail: str = "released by its holder") -> bool:
         released, passed = await self.core.release(lease_id, fencing_token, force=force, detail=detail)
         self.wake(passed)
+        if released and not force and self.settings.anticipation_s > 0 and not self._stopping:
+            # the devices may be kept for the releasing policy (anticipation): when that ends, a pass
+            # gives them to the queue, without waiting for the next sweep
+            self._nudges.add(task := asyncio.create_task(self._nudge(self.settings.anticipation_s)))
+            task.add_done_callback(self._nudges.discard)
         return released
+
+    async def _nudge(self, after_s: float) -> None:
+        await asyncio.sleep(after_s + 0.002)
+        try:
+            passed, _ = await self.core.tick(list(self._waiters))
+        except Unavailable:  # the sweeper runs the pass later
+            return
+        self.wake(passed)
 
     # -- Acquire ---------------------------------------------------------------------------------
     async def acquire(self, r: Request) -> spb.Lease:

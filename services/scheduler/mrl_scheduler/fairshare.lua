@@ -215,9 +215,13 @@ local function pass()
   if F.total == 0 then return out end
   local s, active, W = state(), {}, 0
   for p, _ in pairs(heads) do active[p] = true end
+  local back = {}  -- the policies expected back (anticipation): {vt, devices} each
   for field, v in pairs(s) do
-    local p = string.match(field, '^([^|]*)|held$')
-    if p and tonumber(v) > 0 then active[p] = true end
+    local p, what = string.match(field, '^([^|]*)|(%a+)$')
+    if p and what == 'held' and tonumber(v) > 0 then active[p] = true end
+    if p and what == 'back' and tonumber(v) > NOW and not heads[p] then
+      active[p], back[p] = true, num(s[p .. '|backk'], 1)
+    end
   end
   for p, _ in pairs(active) do W = W + num(s[p .. '|wt'], 1) end
   local D = redis.call('HLEN', key('dev'))
@@ -248,10 +252,15 @@ local function pass()
     local R, got, h, under_waits = {d = {}, n = {}, nodes = {}, shadow = math.huge, strict = math.huge}, nil, nil, false
     for _, c in ipairs(order) do
       h = c
-      local ends = NOW + estimate(h)
-      if not (under_waits and over(h.p)) or ends <= R.strict then got = pick(h, R) end
-      if not got and next(R.d) and ends <= R.shadow then got = pick(h, nil) end
-      if got then break end
+      local ends, kept = NOW + estimate(h), 0
+      for p, k in pairs(back) do  -- devices kept for the policies expected back that come before h
+        if num(s[p .. '|vt'], 0) < h.key then kept = kept + k end
+      end
+      if F.total - h.k >= kept then  -- else h waits, as one that does not fit
+        if not (under_waits and over(h.p)) or ends <= R.strict then got = pick(h, R) end
+        if not got and next(R.d) and ends <= R.shadow then got = pick(h, nil) end
+        if got then break end
+      end
       under_waits = under_waits or not over(h.p)
       if not reserve(h, R) and not over(h.p) then R.shadow, R.strict = math.min(R.shadow, NOW), NOW end
     end

@@ -18,8 +18,21 @@ advance with what a grant will likely cost and settled with what it really cost:
 vt_p = Σ k·actual / w_p, the GPU-time of p per unit of weight, plus any floor below.
 
 Activation floor (no banked credit): a policy that becomes active (it has neither queued
-requests nor leases) starts at vt_p = max(vt_p, min over active policies q of (vt_q − adv_q)),
-adv_q being the advance charges of q's live leases (so the floor is what q has really used).
+requests nor leases, and is not expected back) starts at vt_p = max(vt_p, min over active
+policies q of (vt_q − adv_q)), adv_q being the advance charges of q's live leases (so the floor is
+what q has really used).
+
+Anticipation (policies at different speeds). A holder that releases a lease usually asks again at
+once (its next phase), but in between its policy has no request, so a work-conserving pass would
+hand the device to whoever waits and a policy of short leases would alternate with one of long
+leases: device time by lease length, not by weight. So a policy that released a lease and has no
+queued request is *expected back* until now + anticipation (`anticipation_s`): it stays active (in
+W, and no floor when it returns) and, while its key vt_p would come first, the pass keeps the k
+devices of that lease for it: a request r is granted only if free − k_r ≥ Σ k_q over the policies
+q expected back with vt_q < key_r (r waits, reserving as one that does not fit, otherwise). When
+the anticipation ends, a pass (the releasing replica's, or the sweep) grants the devices as usual;
+a waiting request's key falls with aging while the returner's vt grows with its use, so it gets
+the device after at most the returner's lead in vt (then wait bounded as above).
 
 Order. Only the head of each policy's FIFO competes (FIFO within a policy). Heads are ordered by
 

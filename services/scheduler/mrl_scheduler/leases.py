@@ -26,8 +26,9 @@ Keys (prefix `mrl:sched:{ns}:`; the braces are a Redis Cluster hash tag, one slo
                         dropped before any grant (its replica died)
     resv                hash rid -> "node shadow" of a waiting request's reservation
                         (fairshare.py)
-    pstate              hash per policy p: p|vt, p|adv, p|wt, p|held, p|usage, p|est|<phase>
-                        (fairshare.py)
+    pstate              hash per policy p: p|vt, p|adv, p|wt, p|held, p|usage, p|est|<phase>, and
+                        p|back, p|backk (until when p is expected back after a release, with how many
+                        devices: anticipation) (fairshare.py)
     rl:<principal>      the principal's rate-limit bucket, shared by the replicas (mrl_serving.ratelimit)
     events              stream of granted / released / expired / revoked / refused, one field e =
                         "type id policy worker phase run token devices expires at why" (tabs)
@@ -133,7 +134,7 @@ class Scheduler:
         self._sha = hashlib.sha1(LUA.encode()).hexdigest()
         s = self.settings
         self._common = [s.events_maxlen, s.tombstone_s, s.aging, s.max_grants_per_pass, ESTIMATE_ALPHA,
-                        s.backfill_slack]
+                        s.backfill_slack, round(s.anticipation_s * 1000)]
         self._liveness_ms = int(s.request_liveness_s * 1000)
         self._devices: dict[str, spb.Device] = {}
         self._conn = redis.connection_pool.get_connection() if isinstance(redis, BlockingRedis) else None

@@ -63,7 +63,9 @@ elseif OP == 'submit' then
     return {{'duplicate'}, {}}
   end
   local head, s = redis.call('HGET', key('heads'), p), nil
-  if not head and num(redis.call('HGET', key('pstate'), p .. '|held'), 0) <= 0 then
+  local ps = redis.call('HMGET', key('pstate'), p .. '|held', p .. '|back')
+  if num(ps[2], 0) > 0 then put(p .. '|back', 0) end  -- back (anticipation ends)
+  if not head and num(ps[1], 0) <= 0 and num(ps[2], 0) <= NOW then
     local heads = hash(key('heads'))
     s = state()
     -- a policy becoming active starts no earlier than the least-served active one (no banked
@@ -72,9 +74,10 @@ elseif OP == 'submit' then
     for q, _ in pairs(heads) do
       if floor == nil or settled(q) < floor then floor = settled(q) end
     end
-    for field, c in pairs(s) do
-      local q = string.match(field, '^([^|]*)|held$')
-      if q and tonumber(c) > 0 and (floor == nil or settled(q) < floor) then floor = settled(q) end
+    for field, c in pairs(s) do  -- active: holding devices, or released them and expected back
+      local q, what = string.match(field, '^([^|]*)|(%a+)$')
+      if q and q ~= p and ((what == 'held' and tonumber(c) > 0) or (what == 'back' and tonumber(c) > NOW)) and
+          (floor == nil or settled(q) < floor) then floor = settled(q) end
     end
     if floor and floor > num(s[p .. '|vt'], 0) then put(p .. '|vt', floor) end
   end

@@ -6,7 +6,7 @@
 -- ARGV[1] = op (register | submit | cancel | status | renew | release | tick), ARGV[2] = now in ms
 -- ('' = Redis TIME, so every replica reads one clock), ARGV[3] = event stream MAXLEN, ARGV[4] =
 -- tombstone seconds, ARGV[5] = aging, ARGV[6] = most grants per pass, ARGV[7] = estimate EWMA
--- alpha, ARGV[8] = backfill slack; the op's own arguments follow from ARGV[9].
+-- alpha, ARGV[8] = backfill slack, ARGV[9] = anticipation ms; the op's own arguments follow from ARGV[10].
 --
 -- Every op that frees devices or queues a request ends with `pass()`: grant in fair-share order
 -- (fairshare.py states the rule; this is its only implementation), which first drops the requests
@@ -23,7 +23,7 @@ else
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local A = 9  -- first op argument
+local A = 10  -- first op argument
 
 local function key(s) return P .. s end
 local function split(s)
@@ -76,7 +76,7 @@ elseif OP == 'status' then
 end
 
 local MAXLEN, TOMB, AGING = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-local LIMIT, ALPHA, SLACK = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local LIMIT, ALPHA, SLACK, ANTICIPATE = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local function num(v, default) if v then return tonumber(v) end return default end
 local function fmt(x) return string.format('%.17g', x) end
 local function node_of(d) return string.match(d, '^(.*)/') end
@@ -95,7 +95,8 @@ local function by_node(devs)
   return t
 end
 
--- Per-policy state (pstate: p|vt, p|adv, p|wt, p|held, p|usage, p|est|phase), read once, written once.
+-- Per-policy state (pstate: p|vt, p|adv, p|wt, p|held, p|usage, p|est|phase, p|back, p|backk), read once,
+-- written once.
 local S, dirty = nil, {}
 local function state()
   S = S or hash(key('pstate'))
@@ -194,6 +195,13 @@ local function end_lease(id, why, detail, gone)
     local ek = L.p .. '|est|' .. L.ph
     local old = num(s[ek], nil)
     put(ek, old and (old + ALPHA * (actual - old)) or actual)
+    -- anticipation: a holder that released is expected back at once (its next phase), so its policy
+    -- stays active until NOW + ANTICIPATE, and a pass keeps its k devices for it while it would be
+    -- first in the order (fairshare.py)
+    if ANTICIPATE > 0 and redis.call('HEXISTS', key('heads'), L.p) == 0 then
+      put(L.p .. '|back', NOW + ANTICIPATE)
+      put(L.p .. '|backk', k)
+    end
   end
   redis.call('DEL', key('lease:' .. id))
   redis.call('ZREM', key('expiry'), id)

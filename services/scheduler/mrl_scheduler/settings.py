@@ -51,6 +51,11 @@ class SchedulerSettings(ServerSettings):
     backfill_slack: float = Field(0.5, ge=0, le=1, description="How far past a reserved request's expected start "
                                   "a backfill may run, as a fraction of its expected lease length (fairshare.py): "
                                   "utilization against its start delay; 0 is strict EASY backfilling.")
+    anticipation_s: float = Field(0.1, ge=0, le=10, description="A policy that releases a lease counts as "
+                                  "still active this long, and while it would come first in the fair-share "
+                                  "order its devices wait for its next request (fairshare.py): a policy that "
+                                  "asks again at once keeps its place and its credit, so device time follows "
+                                  "the weights whatever the lease lengths; 0 turns it off.")
     sweep_interval_s: float = Field(0.25, gt=0, description="How often a replica sweeps expired leases and "
                                                             "abandoned requests and grants what it can.")
     request_liveness_s: float | None = Field(
