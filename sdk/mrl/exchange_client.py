@@ -9,8 +9,9 @@
 Both twins share `_Requests`, which opens the channel and builds and checks requests. Publish,
 Ack and GetSuccesses are retried with exponential backoff while the exchange is UNAVAILABLE (all
 three are idempotent) for the client's retry budget, 30 s unless the caller passes its own
-`Backoff` (enough to ride out an exchange restart); a subscription reconnects with backoff, and whatever it had not acked
-is delivered again after the visibility timeout. gRPC errors become `mrl.errors` exceptions.
+`Backoff` (enough to ride out an exchange restart); a subscription reconnects with backoff, and
+whatever it had not acked is delivered again after the visibility timeout. gRPC errors become
+`mrl.errors` exceptions.
 """
 import asyncio
 import time

@@ -7,7 +7,7 @@ import redis
 
 from helpers import rollout, success, write_auth_file
 from mrl import errors
-from mrl.exchange_client import Backoff, ExchangeClient
+from mrl.exchange_client import AsyncExchangeClient, Backoff, ExchangeClient
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import exchange_pb2_grpc
 from mrl_exchange.core import library_key
@@ -70,6 +70,14 @@ def test_each_producer_keeps_its_newest_per_prompt_and_a_query_the_newest_of_all
     client = redis.Redis.from_url(redis_url)
     assert 0 < client.ttl(library_key(run_id, "policy-a", "p/1")) <= 600
     client.close()
+
+
+@pytest.mark.asyncio
+async def test_the_asyncio_client_gets_successes_too(exchange, run_id):
+    sent = success(run_id, "policy-a", prompt_id="p/1")
+    async with AsyncExchangeClient(exchange.target) as see:
+        assert (await see.publish([sent])).accepted == 1
+        assert await see.get_successes(run_id, "policy-b", ["p/2", "p/1"]) == [sent]
 
 
 def test_a_duplicate_is_not_kept_twice(exchange, run_id):
