@@ -25,14 +25,18 @@ def rollout(run_id, producer="policy-a", version=1, reward=1.0, n_tokens=4, prom
     return new_experience(run_id, producer, version, payload)
 
 
+def success(run_id, producer="policy-a", version=1, prompt_id="arith/0/0", response_text="2", **kw):
+    return new_experience(run_id, producer, version, pb.VerifiedSuccess(
+        prompt_id=prompt_id, prompt_text="1+1=", response_text=response_text, token_ids=[5], reward=1.0, answer="2",
+        group_id="g0", tokenizer_id="gpt2"), **kw)
+
+
 def one_of_each(run_id, producer="policy-a", version=1):
     return [
         rollout(run_id, producer, version),
         new_experience(run_id, producer, version, pb.GroupStats(prompt_id="arith/0/0", group_id="g0",
                                                                 rewards=[0.0, 1.0, 1.0])),
-        new_experience(run_id, producer, version, pb.VerifiedSuccess(
-            prompt_id="arith/0/0", prompt_text="1+1=", response_text="2", token_ids=[5], reward=1.0, answer="2",
-            group_id="g0", tokenizer_id="gpt2")),
+        success(run_id, producer, version),
         new_experience(run_id, producer, version, pb.PolicyStats(step=3, batch_mean_reward=0.5, capability=0.4,
                                                                  window=5, rollouts_per_s=10.0)),
     ]

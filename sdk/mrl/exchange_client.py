@@ -6,11 +6,12 @@
             use(d.experience)
             d.ack()
 
-Both twins share `_Requests`, which opens the channel and builds and checks requests. Publish and
-Ack are retried with exponential backoff while the exchange is UNAVAILABLE (both are idempotent)
-for the client's retry budget, 30 s unless the caller passes its own `Backoff` (enough to ride
-out an exchange restart); a subscription reconnects with backoff, and whatever it had not acked
-is delivered again after the visibility timeout. gRPC errors become `mrl.errors` exceptions.
+Both twins share `_Requests`, which opens the channel and builds and checks requests. Publish,
+Ack and GetSuccesses are retried with exponential backoff while the exchange is UNAVAILABLE (all
+three are idempotent) for the client's retry budget, 30 s unless the caller passes its own
+`Backoff` (enough to ride out an exchange restart); a subscription reconnects with backoff, and
+whatever it had not acked is delivered again after the visibility timeout. gRPC errors become
+`mrl.errors` exceptions.
 """
 import asyncio
 import time
@@ -58,6 +59,11 @@ class _Requests:
         self.channel, self.metadata = open_channel(target, token, tls_root_cert, max_message_bytes, aio)
         self.max_message_bytes = max_message_bytes
 
+    @property
+    def max_response_bytes(self) -> int:
+        """The channel's receive limit, as a request's max_response_bytes (so no response is refused)."""
+        return min(max(self.max_message_bytes, 0), 2**32 - 1)  # < 0: unlimited → 0: the server's default
+
     @staticmethod
     def publish(experiences: Iterable[pb.Experience]) -> xpb.PublishRequest:
         batch = list(experiences)
@@ -67,17 +73,22 @@ class _Requests:
 
     def subscribe(self, run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
                   min_policy_version, max_version_lag, visibility_timeout_s) -> xpb.SubscribeRequest:
-        """The request; its max_response_bytes is the channel's receive limit, so no response is refused."""
+        """The request, stating the channel's receive limit as max_response_bytes."""
         if start not in _START:
             raise errors.InvalidArgument(f"start {start!r} must be one of {', '.join(_START)}")
         req = xpb.SubscribeRequest(
             run_id=run_id, subscriber=subscriber, kinds=[experience.kind_enum(k) for k in kinds],
             producers=list(producers), include_own=include_own, start=_START[start], max_in_flight=max_in_flight,
             min_policy_version=min_policy_version, visibility_timeout_ms=int(visibility_timeout_s * 1000),
-            max_response_bytes=min(max(self.max_message_bytes, 0), 2**32 - 1))  # < 0: unlimited → 0: default
+            max_response_bytes=self.max_response_bytes)
         if max_version_lag is not None:
             req.max_version_lag = max_version_lag
         return req
+
+    def get_successes(self, run_id, subscriber, prompt_ids, producers, max_per_prompt) -> xpb.GetSuccessesRequest:
+        return xpb.GetSuccessesRequest(run_id=run_id, subscriber=subscriber, prompt_ids=prompt_ids,
+                                       producers=list(producers), max_per_prompt=max_per_prompt,
+                                       max_response_bytes=self.max_response_bytes)
 
 
 class ExchangeClient(BlockingClient):
@@ -99,6 +110,20 @@ class ExchangeClient(BlockingClient):
         req = xpb.AckRequest(run_id=run_id, subscriber=subscriber, delivery_ids=delivery_ids,
                              subscription_id=subscription_id)
         return self._call(self._stub.Ack, req, retry=True).acked
+
+    def get_successes(self, run_id: str, subscriber: str, prompt_ids: Iterable[str], producers: Iterable[str] = (),
+                      max_per_prompt: int = 0) -> list[pb.Experience]:
+        """The newest verified successes of each prompt (at most 256 prompts) from `producers` (default: every
+        producer but `subscriber`), each prompt's newest first, however long ago they were published; asks again
+        for the prompts a response had no room for. Retried while UNAVAILABLE (a read)."""
+        prompts, successes = list(prompt_ids), []
+        while True:
+            req = self._req.get_successes(run_id, subscriber, prompts, producers, max_per_prompt)
+            reply = self._call(self._stub.GetSuccesses, req, retry=True)
+            successes += reply.successes
+            prompts = prompts[reply.prompts_answered:]
+            if not prompts:
+                return successes
 
     def list_topics(self, run_id: str) -> list[xpb.Topic]:
         return list(self._call(self._stub.ListTopics, xpb.ListTopicsRequest(run_id=run_id)).topics)
@@ -203,6 +228,18 @@ class AsyncExchangeClient:
         req = xpb.AckRequest(run_id=run_id, subscriber=subscriber, delivery_ids=delivery_ids,
                              subscription_id=subscription_id)
         return (await self._call(self._stub.Ack, req, retry=True)).acked
+
+    async def get_successes(self, run_id: str, subscriber: str, prompt_ids: Iterable[str],
+                            producers: Iterable[str] = (), max_per_prompt: int = 0) -> list[pb.Experience]:
+        """See ExchangeClient.get_successes."""
+        prompts, successes = list(prompt_ids), []
+        while True:
+            req = self._req.get_successes(run_id, subscriber, prompts, producers, max_per_prompt)
+            reply = await self._call(self._stub.GetSuccesses, req, retry=True)
+            successes += reply.successes
+            prompts = prompts[reply.prompts_answered:]
+            if not prompts:
+                return successes
 
     async def subscribe(self, run_id: str, subscriber: str, kinds: Iterable[str] = (),
                         producers: Iterable[str] = (), *, include_own: bool = False, start: str = "latest",

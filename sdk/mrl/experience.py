@@ -37,7 +37,8 @@ from mrl.errors import InvalidArgument
 from mrl.v1 import experience_pb2 as pb
 
 __all__ = ["Kind", "KINDS", "SCHEMA_VERSION", "kind_of", "kind_enum", "kind_name", "new_experience",
-           "validate", "validate_name", "Limits", "Response", "Group", "capability", "verdict", "step_experiences"]
+           "validate", "validate_name", "check_text_id", "Limits", "Response", "Group", "capability", "verdict",
+           "step_experiences"]
 
 SCHEMA_VERSION = 1
 
@@ -121,7 +122,8 @@ def _check_finite(where: str, values: Iterable[float]) -> None:
             raise InvalidArgument(f"{where}[{i}] is {v}: rewards, log-probs and statistics must be finite")
 
 
-def _check_text_id(where: str, value: str) -> None:
+def check_text_id(where: str, value: str) -> None:
+    """Prompt ids: 1-256 characters."""
     if not value or len(value) > _MAX_TEXT_ID:
         raise InvalidArgument(f"{where} must be 1-{_MAX_TEXT_ID} characters, got {len(value)}")
 
@@ -154,7 +156,7 @@ def validate(exp: pb.Experience, limits: Limits = Limits()) -> Kind:
     kind = kind_of(exp)
     if kind == "rollout":
         r = exp.rollout
-        _check_text_id(f"{where}: rollout.prompt_id", r.prompt_id)
+        check_text_id(f"{where}: rollout.prompt_id", r.prompt_id)
         _check_finite(f"{where}: rollout.reward", [r.reward])
         _check_tokens(f"{where}: rollout.token_ids", r.token_ids, limits)
         if r.logprobs and len(r.logprobs) != len(r.token_ids):
@@ -163,13 +165,13 @@ def validate(exp: pb.Experience, limits: Limits = Limits()) -> Kind:
         _check_finite(f"{where}: rollout.logprobs", r.logprobs)
     elif kind == "group_stats":
         g = exp.group_stats
-        _check_text_id(f"{where}: group_stats.prompt_id", g.prompt_id)
+        check_text_id(f"{where}: group_stats.prompt_id", g.prompt_id)
         if not g.rewards:
             raise InvalidArgument(f"{where}: group_stats.rewards is empty; send one reward per sample")
         _check_finite(f"{where}: group_stats.rewards", g.rewards)
     elif kind == "success":
         s = exp.success
-        _check_text_id(f"{where}: success.prompt_id", s.prompt_id)
+        check_text_id(f"{where}: success.prompt_id", s.prompt_id)
         _check_finite(f"{where}: success.reward", [s.reward])
         _check_tokens(f"{where}: success.token_ids", s.token_ids, limits)
     else:

@@ -196,7 +196,7 @@ def test_publish_rejects_non_utf8_text_as_invalid_argument(ex, stub, run_id):
 def test_undecodable_bytes_are_invalid_argument_on_every_method(ex):
     garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length far beyond the message
     with grpc.insecure_channel(ex.target) as channel:
-        for method in ("Publish", "Ack", "ListTopics", "GetTopicStats"):
+        for method in ("Publish", "Ack", "GetSuccesses", "ListTopics", "GetTopicStats"):
             call = channel.unary_unary(f"/mrl.v1.ExperienceExchange/{method}", request_serializer=lambda b: b,
                                        response_deserializer=lambda b: b)
             with pytest.raises(grpc.RpcError) as info:

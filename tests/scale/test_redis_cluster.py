@@ -1,5 +1,5 @@
 """The exchange and the scheduler against a real Redis Cluster of 3 masters (tests/redis_cluster.py), over real
-gRPC: publish/subscribe/ack/redelivery; acquire/renew/release/expiry. Every run's keys and every scheduler
+gRPC: publish/subscribe/ack/redelivery, the success library; acquire/renew/release/expiry. Every run's keys and every scheduler
 namespace hash to one slot; runs and namespaces spread over the masters."""
 import time
 import uuid
@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from helpers import rollout
+from helpers import rollout, success
 from mrl import errors
 from mrl.exchange_client import ExchangeClient
 from mrl.grpc_client import Backoff
@@ -64,6 +64,9 @@ def test_exchange_publish_subscribe_ack_and_redelivery_on_a_cluster(start_exchan
         second.close()
         stats = {(t.topic.producer, g.subscriber): g.pending for t in x.topic_stats(run_id) for g in t.groups}
         assert stats == {("policy-a", "policy-b"): 0, ("policy-c", "policy-b"): 0}
+        solved = success(run_id, "policy-c", prompt_id="gsm8k/0/1")   # the success library: one slot too
+        assert x.publish([solved]).accepted == 1
+        assert x.get_successes(run_id, "policy-b", ["gsm8k/0/1", "gsm8k/0/2"]) == [solved]
     core = server.server.exchange           # the admin's views scan every master
     assert set(runs) <= set(server._run(core.runs()))
     assert server._run(core.delete_run(runs[-1])) > 0 and runs[-1] not in server._run(core.runs())

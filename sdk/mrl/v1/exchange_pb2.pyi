@@ -97,6 +97,32 @@ class AckResponse(_message.Message):
     acked: int
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
+class GetSuccessesRequest(_message.Message):
+    __slots__ = ("run_id", "subscriber", "prompt_ids", "producers", "max_per_prompt", "max_response_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    subscriber: str
+    prompt_ids: _containers.RepeatedScalarFieldContainer[str]
+    producers: _containers.RepeatedScalarFieldContainer[str]
+    max_per_prompt: int
+    max_response_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., subscriber: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[str]] = ..., producers: _Optional[_Iterable[str]] = ..., max_per_prompt: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
+
+class GetSuccessesResponse(_message.Message):
+    __slots__ = ("successes", "truncated", "prompts_answered")
+    SUCCESSES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    successes: _containers.RepeatedCompositeFieldContainer[_experience_pb2.Experience]
+    truncated: bool
+    prompts_answered: int
+    def __init__(self, successes: _Optional[_Iterable[_Union[_experience_pb2.Experience, _Mapping]]] = ..., truncated: _Optional[bool] = ..., prompts_answered: _Optional[int] = ...) -> None: ...
+
 class ListTopicsRequest(_message.Message):
     __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

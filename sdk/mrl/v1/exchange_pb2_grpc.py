@@ -54,6 +54,11 @@ class ExperienceExchangeStub:
                 request_serializer=mrl_dot_v1_dot_exchange__pb2.ListTopicsRequest.SerializeToString,
                 response_deserializer=mrl_dot_v1_dot_exchange__pb2.ListTopicsResponse.FromString,
                 _registered_method=True)
+        self.GetSuccesses = channel.unary_unary(
+                '/mrl.v1.ExperienceExchange/GetSuccesses',
+                request_serializer=mrl_dot_v1_dot_exchange__pb2.GetSuccessesRequest.SerializeToString,
+                response_deserializer=mrl_dot_v1_dot_exchange__pb2.GetSuccessesResponse.FromString,
+                _registered_method=True)
         self.GetTopicStats = channel.unary_unary(
                 '/mrl.v1.ExperienceExchange/GetTopicStats',
                 request_serializer=mrl_dot_v1_dot_exchange__pb2.GetTopicStatsRequest.SerializeToString,
@@ -98,6 +103,18 @@ class ExperienceExchangeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSuccesses(self, request, context):
+        """The success library: the newest verified successes (EXPERIENCE_KIND_SUCCESS) published for
+        given prompts, however long ago and whatever the asking policy has acked — for a receiver that
+        meets a prompt again, a policy that joins late or one resumed from a checkpoint. Each producer's
+        MRL_SUCCESS_LIBRARY_PER_PROMPT (8) newest successes per prompt are kept, each prompt's for
+        MRL_SUCCESS_LIBRARY_TTL_S (7 days) after the producer's last success for it, independently of the
+        streams' retention. Read-only: retry freely. Authorized as Subscribe (as `subscriber` only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTopicStats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -126,6 +143,11 @@ def add_ExperienceExchangeServicer_to_server(servicer, server):
                     servicer.ListTopics,
                     request_deserializer=mrl_dot_v1_dot_exchange__pb2.ListTopicsRequest.FromString,
                     response_serializer=mrl_dot_v1_dot_exchange__pb2.ListTopicsResponse.SerializeToString,
+            ),
+            'GetSuccesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSuccesses,
+                    request_deserializer=mrl_dot_v1_dot_exchange__pb2.GetSuccessesRequest.FromString,
+                    response_serializer=mrl_dot_v1_dot_exchange__pb2.GetSuccessesResponse.SerializeToString,
             ),
             'GetTopicStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTopicStats,
@@ -241,6 +263,33 @@ class ExperienceExchange:
             '/mrl.v1.ExperienceExchange/ListTopics',
             mrl_dot_v1_dot_exchange__pb2.ListTopicsRequest.SerializeToString,
             mrl_dot_v1_dot_exchange__pb2.ListTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSuccesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mrl.v1.ExperienceExchange/GetSuccesses',
+            mrl_dot_v1_dot_exchange__pb2.GetSuccessesRequest.SerializeToString,
+            mrl_dot_v1_dot_exchange__pb2.GetSuccessesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,11 +7,14 @@ Keys (the run in braces is a Redis Cluster hash tag: a run's keys live on one sh
     mrl:{run}:versions              hash producer -> latest policy_version published
     mrl:{run}:seen:{producer}:{id}  dedupe marker, expires after dedupe_ttl_s
     mrl:{run}:start:{subscriber}    a policy's LATEST start position, fixed at its first subscription
+    mrl:{run}:library:{producer}:{prompt digest}
+                                    list of a producer's newest successes for one prompt (successes.py)
 
 One consumer group per subscribing policy on each stream, named after the policy, so each
 policy sees every entry once; at-least-once: an entry stays in the group's pending list
 until acked (see subscription.py for redelivery).
 """
+import hashlib
 import logging
 
 import redis.asyncio as aioredis
@@ -26,7 +29,7 @@ from mrl.v1 import experience_pb2 as pb
 from mrl_exchange.metrics import ExchangeMetrics
 from mrl_exchange.settings import ExchangeSettings
 
-__all__ = ["Exchange", "stream_key", "parse_delivery_id", "redis_call"]
+__all__ = ["Exchange", "stream_key", "library_key", "parse_delivery_id", "redis_call", "response_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,26 @@ def start_key(run_id: str, subscriber: str) -> str:
     return f"mrl:{{{run_id}}}:start:{subscriber}"
 
 
+def library_key(run_id: str, producer: str, prompt_id: str) -> str:
+    """The success library of one (run, producer, prompt); the prompt id (free text, up to 256 characters) enters
+    the key as a digest, so no brace, colon or glob character of it can reach a key pattern."""
+    digest = hashlib.sha256(prompt_id.encode()).hexdigest()[:32]
+    return f"mrl:{{{run_id}}}:library:{producer}:{digest}"
+
+
+DEFAULT_RESPONSE_BYTES = 4 << 20  # max_response_bytes 0: gRPC's default receive limit in every language
+MIN_RESPONSE_BYTES = 64 << 10     # the smallest max_response_bytes accepted: below it little experience would fit
+
+
+def response_limit(max_response_bytes: int, max_message_bytes: int) -> int:
+    """The largest response a caller accepts (a request's max_response_bytes: 0 is gRPC's default receive limit),
+    at most the exchange's max_message_bytes; InvalidArgument below MIN_RESPONSE_BYTES."""
+    if 0 < max_response_bytes < MIN_RESPONSE_BYTES:
+        raise InvalidArgument(f"max_response_bytes {max_response_bytes} is below {MIN_RESPONSE_BYTES}: "
+                              f"state your client's receive limit (0: gRPC's default, 4 MiB)")
+    return min(max_response_bytes or DEFAULT_RESPONSE_BYTES, max_message_bytes)
+
+
 def parse_delivery_id(delivery_id: str) -> tuple[str, str, str]:
     """'kind:producer:entry_id' -> (kind, producer, entry_id), or InvalidArgument."""
     parts = delivery_id.split(":")
@@ -66,27 +89,36 @@ def _is_entry_id(s: str) -> bool:
     return ms.isdigit() and seq.isdigit()
 
 
-# KEYS = topics, versions, then (seen_i, stream_i) per experience.
-# ARGV = maxlen, max_age_ms, dedupe_ttl_s, then (payload_i, version_i, topic_i, producer_i).
-# Dedupe and append are one atomic step; returns the 0-based indexes of duplicates.
+# KEYS = topics, versions, then (seen_i, stream_i) per experience, then the library key of each success kept.
+# ARGV = maxlen, max_age_ms, dedupe_ttl_s, library_cap, library_ttl_s,
+#        then (payload_i, version_i, topic_i, producer_i, library_i) where library_i is the index in KEYS of the
+#        experience's library key, 0 for none. Dedupe, append and library write are one atomic step; returns the
+#        0-based indexes of duplicates. A library entry is "<stream entry id> <payload>", newest first.
 _PUBLISH_LUA = """
 local maxlen, max_age_ms, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local library_cap, library_ttl = tonumber(ARGV[4]), ARGV[5]
 local minid = nil
 if max_age_ms > 0 then
   local t = redis.call('TIME')
   minid = string.format('%d-0', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - max_age_ms)
 end
 local dups = {}
-for i = 1, (#KEYS - 2) / 2 do
-  local a = 3 + (i - 1) * 4
+for i = 1, (#ARGV - 5) / 5 do
+  local a = 5 + (i - 1) * 5
   if redis.call('SET', KEYS[1 + 2 * i], '1', 'NX', 'EX', ttl) then
     local skey = KEYS[2 + 2 * i]
-    redis.call('XADD', skey, 'MAXLEN', '~', maxlen, '*', 'e', ARGV[a + 1], 'v', ARGV[a + 2])
+    local entry_id = redis.call('XADD', skey, 'MAXLEN', '~', maxlen, '*', 'e', ARGV[a + 1], 'v', ARGV[a + 2])
     if minid then redis.call('XTRIM', skey, 'MINID', '~', minid) end
     redis.call('SADD', KEYS[1], ARGV[a + 3])
     local cur = redis.call('HGET', KEYS[2], ARGV[a + 4])
     if (not cur) or tonumber(ARGV[a + 2]) > tonumber(cur) then
       redis.call('HSET', KEYS[2], ARGV[a + 4], ARGV[a + 2])
+    end
+    local library = tonumber(ARGV[a + 5])
+    if library > 0 then
+      redis.call('LPUSH', KEYS[library], entry_id .. ' ' .. ARGV[a + 1])
+      redis.call('LTRIM', KEYS[library], 0, library_cap - 1)
+      redis.call('EXPIRE', KEYS[library], library_ttl)
     end
   else
     dups[#dups + 1] = i - 1
@@ -181,7 +213,8 @@ class Exchange:
         return kinds
 
     async def publish(self, experiences: list[pb.Experience]) -> xpb.PublishResponse:
-        """Append a batch atomically: every new experience is appended, duplicates are counted.
+        """Append a batch atomically: every new experience is appended (a success enters the success library
+        too: see successes.py), duplicates are counted.
 
         Raises InvalidArgument (nothing appended) when any experience is malformed.
         """
@@ -193,10 +226,17 @@ class Exchange:
         s = self.settings
         run_id = experiences[0].run_id
         keys = [topics_key(run_id), versions_key(run_id)]
-        args: list = [s.retention_maxlen, int(s.retention_max_age_s * 1000), s.dedupe_ttl_s]
+        library_keys = []
+        args: list = [s.retention_maxlen, int(s.retention_max_age_s * 1000), s.dedupe_ttl_s,
+                      s.success_library_per_prompt, s.success_library_ttl_s]
         for exp, kind in zip(experiences, kinds):
             keys += [seen_key(run_id, exp.producer, exp.experience_id), stream_key(run_id, kind, exp.producer)]
-            args += [exp.SerializeToString(), exp.policy_version, f"{kind}:{exp.producer}", exp.producer]
+            library = 0
+            if kind == "success" and s.success_library_per_prompt:
+                library_keys.append(library_key(run_id, exp.producer, exp.success.prompt_id))
+                library = 2 + 2 * len(experiences) + len(library_keys)  # its 1-based index in KEYS
+            args += [exp.SerializeToString(), exp.policy_version, f"{kind}:{exp.producer}", exp.producer, library]
+        keys += library_keys
         try:
             dup_indexes = await self._publish(keys=keys, args=args)
         except (RedisError, OSError) as exc:

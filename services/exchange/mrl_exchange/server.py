@@ -8,6 +8,7 @@ from mrl_serving.server import grpc_principal
 from mrl.v1 import exchange_pb2 as xpb
 from mrl_exchange.core import Exchange
 from mrl_exchange.subscription import Subscription
+from mrl_exchange.successes import MAX_PROMPTS, get_successes
 
 __all__ = ["ExchangeServicer"]
 
@@ -42,6 +43,11 @@ class ExchangeServicer:
         acked = await self.exchange.ack(request.run_id, request.subscriber, request.delivery_ids,
                                         request.subscription_id)
         return xpb.AckResponse(acked=acked)
+
+    async def GetSuccesses(self, request: xpb.GetSuccessesRequest, context) -> xpb.GetSuccessesResponse:
+        principal = await self._principal(context, min(max(1, len(request.prompt_ids)), MAX_PROMPTS))
+        principal.require_policy(request.subscriber, request.run_id, "read successes")
+        return await get_successes(self.exchange, request)
 
     async def ListTopics(self, request: xpb.ListTopicsRequest, context) -> xpb.ListTopicsResponse:
         (await self._principal(context)).require_run(request.run_id)

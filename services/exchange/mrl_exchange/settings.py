@@ -23,6 +23,11 @@ class ExchangeSettings(ServerSettings):
     retention_max_age_s: float = Field(0, ge=0, description="Drop entries older than this (0: no age limit).")
     dedupe_ttl_s: int = Field(3600, gt=0, description="How long an experience id is remembered for idempotent "
                                                        "retries (one small Redis key per experience meanwhile).")
+    success_library_per_prompt: int = Field(8, ge=0, description="Newest verified successes kept per (prompt, "
+                                            "producer) for GetSuccesses, beyond the streams' retention "
+                                            "(0: no success library; GetSuccesses answers FAILED_PRECONDITION).")
+    success_library_ttl_s: int = Field(7 * 24 * 3600, gt=0, description="A (prompt, producer)'s successes "
+                                       "are dropped this long after its last success was published.")
     max_subscriptions: int = Field(512, gt=0, description="Most open subscriptions on this replica.")
     max_subscriptions_per_principal: int = Field(64, gt=0, description="Most open subscriptions per principal.")
     rate_limit_scope: str = Field("exchange", description="Rate buckets live in Redis under "

@@ -34,7 +34,7 @@ from redis.exceptions import RedisError, ResponseError
 from mrl import experience
 from mrl.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mrl.v1 import exchange_pb2 as xpb
-from mrl_exchange.core import Exchange, _text, redis_call, start_key, stream_key
+from mrl_exchange.core import Exchange, _text, redis_call, response_limit, start_key, stream_key
 from mrl_exchange.wire import RawSubscribeResponse
 
 __all__ = ["Subscription"]
@@ -45,9 +45,7 @@ _MIN_VISIBILITY_MS, _MAX_VISIBILITY_MS = 100, 24 * 3600 * 1000
 _SWEEP_S = 60.0   # at least this long between sweeps of abandoned consumers
 _RECONCILE_S = 0.1  # while out of credit, how often deliveries acked through another replica are looked up
 _PENDING_PAGE = 1000     # XPENDING entries read per call while looking
-DEFAULT_RESPONSE_BYTES = 4 << 20  # max_response_bytes 0: gRPC's default receive limit in every language
 _RESPONSE_HEADROOM = 1 << 10      # bytes of a SubscribeResponse beside its deliveries (the subscription id)
-MIN_RESPONSE_BYTES = 64 << 10     # the smallest max_response_bytes accepted: below it little experience would fit
 _DELIVERY_OVERHEAD = 32           # bytes of a Delivery beside its id and experience: tags, lengths, flags
 _STARTS = frozenset(xpb.StartPosition.values())
 
@@ -76,10 +74,7 @@ class Subscription:
         self.earliest = request.start == xpb.START_POSITION_EARLIEST
         self.id = uuid.uuid4().hex
         self.owner = owner                       # the principal: subscriptions are capped per owner
-        if 0 < request.max_response_bytes < MIN_RESPONSE_BYTES:
-            raise InvalidArgument(f"max_response_bytes {request.max_response_bytes} is below {MIN_RESPONSE_BYTES}: "
-                                  f"state your client's receive limit (0: gRPC's default, 4 MiB)")
-        self.max_response_bytes = min(request.max_response_bytes or DEFAULT_RESPONSE_BYTES, s.max_message_bytes)
+        self.max_response_bytes = response_limit(request.max_response_bytes, s.max_message_bytes)
         self._budget = self.max_response_bytes - _RESPONSE_HEADROOM  # bytes of deliveries in one response
         self._in_flight: dict[str, float] = {}   # delivery_id -> monotonic deadline
         self._backlog: deque = deque()           # (read time, entry): read beyond the credit, pending for us
