@@ -236,7 +236,7 @@ class Trainer:
 
     def step(self) -> dict:
         t = self.state.step
-        start = time.perf_counter()
+        step_start = start = time.perf_counter()
         with self._lease("rollout"):
             batch = self.rollout(t)
         rollout_s = time.perf_counter() - start
@@ -269,7 +269,8 @@ class Trainer:
                   "capability": self._capability(), "sharing": self.sharing.name,
                   "rollouts_total": self.state.rollouts_total, "tokens": tokens,
                   "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
-                  "rollout_s": rollout_s, "update_s": update_s, "tokens_per_s": tokens / rollout_s,
+                  "rollout_s": rollout_s, "update_s": update_s, "step_s": time.perf_counter() - step_start,
+                  "tokens_per_s": tokens / rollout_s,
                   "published": published, **peer_stats, **stats}
         self.metrics.log(t, **record)
         return record
