@@ -26,6 +26,10 @@ also costs its modes' own compute (THL retokenization, peers' sequences in the l
 not all waiting: `peer_wait_s_mean` (seconds per step waited for peers) tells the wait apart, and
 `peer_samples` (HACPO, PRP) / `sgt_accepted` (SGT) that experience did cross.
 
+W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
+the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
+--arms runs a subset (alone, the ratios' reference, always); --topology another pair (default: the demo's).
+
 The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
 steps_per_min[, peer_wait_s_mean, peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
