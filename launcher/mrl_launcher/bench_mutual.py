@@ -54,7 +54,7 @@ ARMS = {"alone": {"sharing.mode": "none"}, "lockstep": {}, "async": {"sharing.co
 THREADS = 1                    # torch threads per trainer
 RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metrics.progress": False}
 QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
-FIRST_STEP_TIMEOUT_S = 1200    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
+FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
 PEER_MEANS = ("peer_wait_s", "peers_complete")
 PEER_TOTALS = ("peer_samples", "sgt_accepted")
 
@@ -125,12 +125,10 @@ def _run_arm(arm: str, config: dict, base: pathlib.Path, overrides: dict, metric
     return {policy: _figures(s, t0, t0 + seconds) for policy, s in steps.items()}
 
 
-def _line(arm: str, policies: dict, alone: dict | None) -> str:
+def _line(arm: str, policies: dict) -> str:
     parts = []
     for policy, f in policies.items():
         text = f"{policy} {f['steps_per_min']:.3f} steps/min ({f['steps']} ended in the window"
-        if alone is not None:
-            text += f", ×{f['steps_per_min'] / alone[policy]['steps_per_min']:.3f} of alone"
         if "peer_wait_s_mean" in f:
             text += f", waited {f['peer_wait_s_mean']:.1f} s/step for peers"
         text += "".join(f", {f[k]} {k.replace('_', ' ')}" for k in PEER_TOTALS if k in f)
@@ -169,7 +167,7 @@ def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join
         for arm in chosen:
             policies = _run_arm(arm, configs[arm], path.parent, overrides[arm], metrics[arm], seconds)
             result[arm] = {"policies": policies}
-            print(_line(arm, policies, result["alone"]["policies"] if arm != "alone" else None), flush=True)
+            print(_line(arm, policies), flush=True)
     alone = result["alone"]["policies"]
     result["fast"] = max(alone, key=lambda p: alone[p]["steps_per_min"])
     result["slow"] = min(alone, key=lambda p: alone[p]["steps_per_min"])
