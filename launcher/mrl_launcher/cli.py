@@ -1,10 +1,18 @@
 """The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
 from mrl_serving.commands import bench_command
 
-__all__ = ["up", "demo", "compare", "plot", "report", "bench_trl"]
+__all__ = ["up", "demo", "compare", "plot", "report", "bench_trl", "bench_mutual"]
 
 bench_trl = bench_command("mrl_launcher.bench_trl", "TRL's GRPOTrainer joining a run (mrl.integrations.trl) vs plain "
                                                     "TRL, a peer publishing: step-time overhead; ends with one JSON line")
+bench_mutual = bench_command(
+    "mrl_launcher.bench_mutual", "two co-trained policies of different speed (the demo's), alone vs lockstep vs "
+                                 "async for the same wall time: steps per minute; ends with one JSON line",
+    seconds=dict(type=float, help="training seconds per arm, from the latest first-step start (default 300; "
+                                  "--quick 10)"),
+    arms=dict(default="alone,lockstep,async", help="comma-separated arms among alone, lockstep, async; alone is the "
+                                                    "ratios' reference (default: all three)"),
+    topology=dict(default="examples/mutual.yaml", help="the topology of the co-trained policies (default: the demo's)"))
 
 
 class _RegisteredModes:

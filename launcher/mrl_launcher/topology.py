@@ -43,7 +43,7 @@ from mrl_serving.child_process import die_with_parent
 from mrl_serving.processes import redis_for, spawn
 from mrl_serving.registry import installed_services
 
-__all__ = ["up", "run_topology", "stop_on_signals", "data_dir_of", "TRAINER_STOP_GRACE_S"]
+__all__ = ["up", "run_topology", "validate_trainers", "stop_on_signals", "data_dir_of", "TRAINER_STOP_GRACE_S"]
 
 TRAINER_STOP_GRACE_S = 600   # a trainer asked to stop finishes its step and checkpoints first
 
@@ -81,6 +81,23 @@ def _start_trainer(path: str, overrides: dict, threads: int) -> subprocess.Popen
 def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
     """A topology's data_dir (relative to its file's folder `base`), absolute."""
     return (base / config.get("data_dir", ".mrl/local")).resolve()
+
+
+def validate_trainers(config: dict, base: pathlib.Path, overrides: dict | None = None) -> dict[str, pathlib.Path]:
+    """Validate each trainer of a topology as run_topology would start it (its file, its `set`, then `overrides`;
+    the service addresses are the file's own, run_topology's are known only once the services run), before
+    anything starts; return {policy: the metrics.jsonl it will write}. A setting it refuses is a LauncherError."""
+    from mrl_trainer.config import load_config
+    from mrl_trainer.errors import TrainerError
+    metrics = {}
+    for spec in config.get("trainers") or []:
+        path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir_of(config, base), {})
+        try:
+            load_config(path, {**extra, **(overrides or {})})
+        except TrainerError as exc:
+            raise LauncherError(str(exc)) from None
+        metrics[policy] = pathlib.Path(extra["metrics.jsonl"])
+    return metrics
 
 
 @contextlib.contextmanager

@@ -120,6 +120,9 @@ def test_run_checkpoints_and_resumes_at_the_same_step(tmp_path):
     assert latest_checkpoint(config.checkpoint.dir).name == "step-000002"
     records = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1] and all(r["rollouts_total"] for r in records)
+    # each record's time is its step's end; step_s spans the whole step, rollout and update included
+    assert all(r["step_s"] >= r["rollout_s"] + r["update_s"] for r in records)
+    assert records[1]["time"] - records[1]["step_s"] >= records[0]["time"]
 
     resumed = build_trainer(config.model_copy(update={"steps": 3}))
     assert resumed.state.step == 2 and resumed.state.rollouts_total == 12
@@ -256,6 +259,7 @@ def test_metrics_are_served_to_prometheus_and_written_as_jsonl(tmp_path):
     import urllib.request
     from mrl_trainer.metrics import MetricsSink
     sink = MetricsSink("p1", tmp_path / "m.jsonl", prometheus_port=0)
+    before = time.time()
     try:
         sink.log(0, reward_mean=0.25, loss=float("nan"))
         sink.log(1, kind="eval", eval_accuracy=0.5)
@@ -265,6 +269,7 @@ def test_metrics_are_served_to_prometheus_and_written_as_jsonl(tmp_path):
     assert 'mrl_trainer_reward_mean{policy="p1"} 0.25' in body and "mrl_trainer_eval_accuracy" in body
     first, second = read_metrics(tmp_path / "m.jsonl")
     assert first["loss"] is None and second["kind"] == "eval"
+    assert before <= first["time"] <= second["time"] <= time.time()    # Unix seconds when logged
 
 
 def test_gradient_checkpointing_trains_the_same_step(tmp_path):

@@ -1,6 +1,7 @@
 """Per-step metrics: one JSON line per step, Prometheus gauges, and optionally TensorBoard.
 
-Every record carries `step` and `policy`; numeric fields become gauges `mrl_trainer_<name>`
+Every record carries `step`, `policy` and, in the JSONL file, `time` (Unix seconds when it was logged: a
+train record's is the end of its step); numeric fields become gauges `mrl_trainer_<name>`
 labelled by policy (served on `metrics.prometheus_port` when set) and TensorBoard scalars.
 A resumed run appends to the same JSONL file, so a curve spans restarts.
 """
@@ -8,6 +9,7 @@ import json
 import math
 import pathlib
 import re
+import time
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -41,7 +43,7 @@ class MetricsSink:
     def log(self, step: int, **values) -> None:
         # JSON has no NaN: a non-finite value is written as null
         clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
-        self._file.write(json.dumps({"step": step, "policy": self.policy, **clean}) + "\n")
+        self._file.write(json.dumps({"step": step, "policy": self.policy, "time": time.time(), **clean}) + "\n")
         self._file.flush()
         for name, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):

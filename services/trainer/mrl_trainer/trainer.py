@@ -262,7 +262,7 @@ class Trainer:
 
     def step(self) -> dict:
         t = self.state.step
-        start = time.perf_counter()
+        step_start = start = time.perf_counter()
         problems, guided = self.problems(t)
         with self._lease("rollout"):
             batch = self.rollout(t, problems)
@@ -300,7 +300,8 @@ class Trainer:
                   "capability": self._capability(), "sharing": self.sharing.name,
                   "rollouts_total": self.state.rollouts_total, "tokens": tokens,
                   "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
-                  "rollout_s": rollout_s, "update_s": update_s, "tokens_per_s": tokens / rollout_s,
+                  "rollout_s": rollout_s, "update_s": update_s, "step_s": time.perf_counter() - step_start,
+                  "tokens_per_s": tokens / rollout_s,
                   "published": published, **peer_stats, **stats}
         self.metrics.log(t, **record)
         return record

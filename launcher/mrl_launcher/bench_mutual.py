@@ -1,0 +1,183 @@
+"""`mrl bench mutual`: how fast two co-trained policies of very different speed step, coupled or not.
+
+The demo's pair (examples/mutual.yaml: policy-a = SmolLM2-135M, slow; policy-b = a small GPT-2, fast), run
+under run_topology (embedded Redis, the exchange, THL, the scheduler, both trainers as processes) three
+ways, each for the same wall time W (--seconds), one after the other, each in a fresh data_dir and Redis:
+
+  alone     both trainers with sharing.mode none, side by side: each publishes, takes nothing, waits for
+            nothing. Both run so that the machine's load is the same as in the other arms: on a small
+            machine one policy run by itself would measure the CPU it no longer shares, not the coupling.
+  lockstep  the topology's sharing modes (the demo: policy-a sgt, policy-b hacpo) with `sharing.coupling:
+            lockstep`: at step t each waits up to sharing.peer_wait_s for its peers' experience of step t's
+            prompts
+  async     the same modes with `sharing.coupling: async`: never wait, use what has arrived (docs/algorithms.md).
+            The arms' configs are validated before any arm runs.
+
+Every trainer gets many steps, one torch thread (OMP_NUM_THREADS = 1, so two trainers on two cores do not
+fight; the same in every arm), eval off (eval.every 0) and checkpoints only when stopped. The window is
+[T0, T0 + W], T0 = the latest first-step start of the trainers (model loading and warm starts excluded:
+both are training throughout the window); once it is over the trainers are stopped (SIGTERM: each finishes
+its step under way). From each trainer's metrics.jsonl (a train record's `time` is its step's end, `step_s`
+its duration, peer wait included): steps per minute = 60 / W × the steps' worth of work inside the window
+(a step straddling an edge counts for its share inside), so a slow policy's few long steps are not rounded
+to whole steps. fast / slow = the policies with the most / fewest steps per minute alone; each sharing arm's
+`fast_ratio_vs_solo` and `slow_ratio_vs_solo` = its steps per minute ÷ the same policy's alone. A sharing arm
+also costs its modes' own compute (THL retokenization, peers' sequences in the loss), so a ratio below 1 is
+not all waiting: `peer_wait_s_mean` (seconds per step waited for peers) tells the wait apart, and
+`peer_samples` (HACPO, PRP) / `sgt_accepted` (SGT) that experience did cross.
+
+W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
+the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
+--arms runs a subset (alone, the ratios' reference, always); --topology another pair (default: the demo's).
+
+The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
+topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
+steps_per_min[, peer_wait_s_mean, peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
+fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]).
+"""
+import json
+import os
+import pathlib
+import tempfile
+import threading
+import time
+
+import yaml
+
+from mrl_launcher.errors import LauncherError, RunFailed
+from mrl_launcher.topology import run_topology, stop_on_signals, validate_trainers
+from mrl_serving import benchmarking
+
+__all__ = ["main", "ARMS"]
+
+ARMS = {"alone": {"sharing.mode": "none"}, "lockstep": {"sharing.coupling": "lockstep"},
+        "async": {"sharing.coupling": "async"}}
+THREADS = 1                    # torch threads per trainer
+RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metrics.progress": False}
+QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
+FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
+PEER_MEANS = ("peer_wait_s", "peers_complete")
+PEER_TOTALS = ("peer_samples", "sgt_accepted")
+
+
+def _steps(path: pathlib.Path) -> list[dict]:
+    """The train records a trainer has written so far (complete lines only: the last may be half-written)."""
+    try:
+        lines = path.read_text().split("\n")[:-1]
+    except FileNotFoundError:
+        return []
+    return [r for r in map(json.loads, filter(None, lines)) if r.get("kind", "train") == "train"]
+
+
+def _window_start(steps: list[list[dict]]) -> float:
+    """T0: the latest of the trainers' first-step starts (Unix seconds)."""
+    return max(s[0]["time"] - s[0]["step_s"] for s in steps)
+
+
+def _stop_after_window(metrics: dict[str, pathlib.Path], seconds: float, stop: threading.Event) -> None:
+    """Set `stop` W seconds after T0 (or FIRST_STEP_TIMEOUT_S after starting, when some trainer never steps)."""
+    deadline = time.monotonic() + FIRST_STEP_TIMEOUT_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        steps = [_steps(path) for path in metrics.values()]
+        if all(steps):
+            stop.wait(max(0.0, _window_start(steps) + seconds - time.time()))
+            break
+        stop.wait(0.5)
+    stop.set()
+
+
+def _figures(steps: list[dict], t0: float, t1: float) -> dict:
+    """Steps per minute in [t0, t1] (each step counted for its share inside) and the steps that ended in it,
+    with their peer figures where the records have them."""
+    work = sum(max(0.0, min(r["time"], t1) - max(r["time"] - r["step_s"], t0)) / r["step_s"] for r in steps)
+    ended = [r for r in steps if t0 < r["time"] <= t1]
+    out = {"steps": len(ended), "steps_per_min": round(60 * work / (t1 - t0), 3)}
+    for key in PEER_MEANS:
+        values = [r[key] for r in ended if key in r]
+        if values:
+            out[f"{key}_mean"] = round(sum(values) / len(values), 3)
+    for key in PEER_TOTALS:
+        if any(key in r for r in ended):
+            out[key] = sum(r.get(key, 0) for r in ended)
+    return out
+
+
+def _run_arm(arm: str, config: dict, base: pathlib.Path, overrides: dict, metrics: dict[str, pathlib.Path],
+             seconds: float) -> dict:
+    """One arm: the topology run until W seconds after T0; {policy: its figures in the window}."""
+    with stop_on_signals() as stop:
+        timer = threading.Thread(target=_stop_after_window, args=(metrics, seconds, stop), daemon=True)
+        timer.start()
+        try:
+            results = run_topology(config, base, stop, overrides, cpus=THREADS * len(metrics))
+        finally:
+            stop.set()
+            timer.join()
+    failed = {policy: r["exit_code"] for policy, r in results.items() if r["exit_code"] != 0}
+    if failed:
+        raise RunFailed(f"arm {arm}: trainers failed (exit codes {failed})")
+    steps = {policy: _steps(path) for policy, path in metrics.items()}
+    idle = [policy for policy, s in steps.items() if not s]
+    if idle:
+        raise LauncherError(f"arm {arm}: {', '.join(idle)} made no step within {FIRST_STEP_TIMEOUT_S} s")
+    t0 = _window_start(list(steps.values()))
+    if min(s[-1]["time"] for s in steps.values()) < t0 + seconds:
+        raise LauncherError(f"arm {arm}: the trainers stopped before the {seconds:g} s window ended (interrupted?)")
+    return {policy: _figures(s, t0, t0 + seconds) for policy, s in steps.items()}
+
+
+def _line(arm: str, policies: dict) -> str:
+    parts = []
+    for policy, f in policies.items():
+        text = f"{policy} {f['steps_per_min']:.3f} steps/min ({f['steps']} ended in the window"
+        if "peer_wait_s_mean" in f:
+            text += f", waited {f['peer_wait_s_mean']:.1f} s/step for peers"
+        text += "".join(f", {f[k]} {k.replace('_', ' ')}" for k in PEER_TOTALS if k in f)
+        parts.append(text + ")")
+    return f"  {arm:<9} " + "; ".join(parts)
+
+
+def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join(ARMS),
+         topology: str = "examples/mutual.yaml") -> dict:
+    requested = arms.split(",")
+    if "alone" not in requested or set(requested) - set(ARMS):
+        raise LauncherError(f"--arms: a comma-separated list of {', '.join(ARMS)} that includes alone "
+                            f"(the ratios' reference); got {arms!r}")
+    chosen = [arm for arm in ARMS if arm in requested]       # alone first
+    seconds = seconds or (10.0 if quick else 300.0)
+    path = pathlib.Path(topology)
+    if not path.is_file():
+        raise LauncherError(f"topology file {topology!r} does not exist (the demo's is examples/mutual.yaml in the "
+                            f"repository: run from its root or pass --topology)")
+    config = yaml.safe_load(path.read_text()) or {}
+    config.pop("report", None)
+    if len(config.get("trainers") or []) < 2:
+        raise LauncherError(f"{topology}: the bench needs a topology with at least two trainers")
+    common = {**RUN, **(QUICK if quick else {})}
+    machine = benchmarking.machine()
+    result = {"bench": "mutual", "quick": quick, "machine": machine, "cores": os.cpu_count(),
+              "threads_per_trainer": THREADS, "seconds": seconds, "topology": str(path), "arms": chosen}
+    print(f"mrl bench mutual: {machine}\n  {topology}: {len(config['trainers'])} trainers, {THREADS} torch thread "
+          f"each, all of them running in every arm (the same load); arms {', '.join(chosen)}, {seconds:g} s of "
+          f"training each, from the latest first-step start", flush=True)
+    with tempfile.TemporaryDirectory(prefix="mrl-bench-mutual-") as tmp:
+        configs = {arm: {**config, "data_dir": str(pathlib.Path(tmp) / arm)} for arm in chosen}
+        overrides = {arm: {**common, **ARMS[arm]} for arm in chosen}
+        # every arm's trainer settings are checked before the first arm runs
+        metrics = {arm: validate_trainers(configs[arm], path.parent, overrides[arm]) for arm in chosen}
+        for arm in chosen:
+            policies = _run_arm(arm, configs[arm], path.parent, overrides[arm], metrics[arm], seconds)
+            result[arm] = {"policies": policies}
+            print(_line(arm, policies), flush=True)
+    alone = result["alone"]["policies"]
+    result["fast"] = max(alone, key=lambda p: alone[p]["steps_per_min"])
+    result["slow"] = min(alone, key=lambda p: alone[p]["steps_per_min"])
+    for arm in chosen[1:]:
+        for side in ("fast", "slow"):
+            policy = result[side]
+            result[arm][f"{side}_ratio_vs_solo"] = round(
+                result[arm]["policies"][policy]["steps_per_min"] / alone[policy]["steps_per_min"], 3)
+        print(f"  {arm}: fast ({result['fast']}) ×{result[arm]['fast_ratio_vs_solo']} of alone, slow "
+              f"({result['slow']}) ×{result[arm]['slow_ratio_vs_solo']}", flush=True)
+    print(json.dumps(result), flush=True)
+    return result
