@@ -162,3 +162,30 @@ def test_a_resumed_trainer_gets_past_peer_successes_from_the_library(tmp_path, s
     assert [r["step"] for r in train] == [0, 1, 2, 3]
     assert all(r["peer_recalled"] == 0 for r in train[:2])              # steps 0-1: no peer success exists
     assert all(r["peer_recalled"] >= 1 and r["sgt_rescued"] >= 1 for r in train[2:])
+
+
+def test_a_late_joiner_gets_successes_its_stream_no_longer_holds_from_the_library(tmp_path, start_exchange, run_id):
+    """The peer's successes on steps 0-1's prompts were trimmed from the stream (retention 1, then 300 newer
+    successes) before the receiver joined: only the library can bring them."""
+    exchange = start_exchange(retention_maxlen=1)
+    config = _config(tmp_path, exchange, run_id, steps=2, guided_share=0)
+    with ExchangeClient(exchange.target) as client:
+        trainer = build_trainer(config, exchange=client)
+        peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer)
+        trainer.close()                                           # it joins only after the peer has moved on
+        for version in (0, 1):
+            peer.publish_step(version)
+        filler = [new_experience(run_id, "slow", 9, pb.VerifiedSuccess(prompt_id=f"other/{i}", response_text="x",
+                                                                        token_ids=[1], reward=1.0, tokenizer_id="gpt2"))
+                  for i in range(300)]
+        peer.client.publish(filler)
+        peer.close()
+        (tmp_path / "ckpt" / "metrics.jsonl").unlink(missing_ok=True)
+        trainer = build_trainer(config, exchange=client)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    train = _train_records(tmp_path)
+    assert [r["step"] for r in train] == [0, 1]
+    assert all(r["peer_recalled"] >= 1 and r["sgt_rescued"] >= 1 for r in train)
