@@ -41,7 +41,8 @@ SHARING_MODES: dict[str, type[SharingMode]] = {m.name: m for m in MODES}
 
 class Coordination:
     """Not a mode: the statistics the trainer logs, declared like a mode's, for every mode that takes peers'
-    experience (peers.to_peer_batch): the wait for peers and the THL residual of the retokenized responses."""
+    experience (peers.to_peer_batch; peer_guided and peer_recalled from Trainer.step): the wait for peers, what
+    the async coupling dropped, chose and recalled, and the THL residual of the retokenized responses."""
     stats = {"peer_wait_s": "seconds waited for peers", "peers_complete": "fraction of peers in time",
              "peer_dropped": "peer experiences dropped as stale", "peer_guided": "prompts chosen from the peers'",
              "peer_recalled": "successes from the library", "thl_one_to_one": "THL share of 1:1 chunks", "thl_lossless": "THL share lossless",
