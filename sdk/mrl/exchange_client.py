@@ -90,6 +90,13 @@ class _Requests:
                                        producers=list(producers), max_per_prompt=max_per_prompt,
                                        max_response_bytes=self.max_response_bytes)
 
+    @staticmethod
+    def unanswered(prompts: list[str], reply: xpb.GetSuccessesResponse) -> list[str]:
+        """The prompts a GetSuccesses reply had no room for; an exchange that answers none cannot make progress."""
+        if reply.prompts_answered == 0 and prompts:
+            raise errors.FailedPrecondition(f"the exchange answered none of {len(prompts)} prompt(s) in GetSuccesses")
+        return prompts[reply.prompts_answered:]
+
 
 class ExchangeClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
@@ -121,7 +128,7 @@ class ExchangeClient(BlockingClient):
             req = self._req.get_successes(run_id, subscriber, prompts, producers, max_per_prompt)
             reply = self._call(self._stub.GetSuccesses, req, retry=True)
             successes += reply.successes
-            prompts = prompts[reply.prompts_answered:]
+            prompts = self._req.unanswered(prompts, reply)
             if not prompts:
                 return successes
 
@@ -237,7 +244,7 @@ class AsyncExchangeClient:
             req = self._req.get_successes(run_id, subscriber, prompts, producers, max_per_prompt)
             reply = await self._call(self._stub.GetSuccesses, req, retry=True)
             successes += reply.successes
-            prompts = prompts[reply.prompts_answered:]
+            prompts = self._req.unanswered(prompts, reply)
             if not prompts:
                 return successes
 

@@ -25,8 +25,9 @@ Two couplings, by global prompt id:
             lag: a group (its rollouts and group_stats) of version v from producer p is dropped once
             v < (p's latest version seen − max_staleness), or once it is older than max_age_s (the
             producer's created_at); a newer group of the same (prompt, producer) replaces an older one.
-            Verified successes are kept however old (the receiver re-verifies them), and stay when a
-            step takes them, for the next time the policy meets the prompt. At most max_prompts
+            Verified successes are kept however old (the receiver re-verifies them; the newest 8 per
+            prompt and producer), and stay when a step takes them, for the next time the policy meets
+            the prompt. At most max_prompts
             prompts are kept (the least recently published go first). Deliveries are acked on arrival:
             the index, not the exchange, holds them while they wait. `offered` lists the prompts with
             peer experience, those with a peer success first, for a peer-guided batch.
@@ -60,15 +61,20 @@ class _Entry:
     created_s: float = 0.0                            # the group's newest created_at (producer's clock, s)
     group_rewards: list[float] | None = None
     rollouts: list = field(default_factory=list)      # pb.Rollout
-    successes: list = field(default_factory=list)     # pb.VerifiedSuccess
+    successes: list = field(default_factory=list)     # pb.VerifiedSuccess, oldest first
     deliveries: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)       # experience ids: a redelivery is not stored twice
+    group_ids: set[str] = field(default_factory=set)   # experience ids of the group of `version` (held or used)
+    success_ids: list[str] = field(default_factory=list)   # of `successes`: a redelivery is not stored twice
 
     def drop_group(self) -> int:
         """Forget the group (not the successes); returns how many experiences that was."""
         n = len(self.rollouts) + (self.group_rewards is not None)
         self.group_rewards, self.rollouts = None, []
         return n
+
+    def copy(self) -> "_Entry":
+        return _Entry(self.version, self.created_s, self.group_rewards, list(self.rollouts), list(self.successes),
+                      list(self.deliveries))
 
 
 @dataclass
@@ -90,11 +96,12 @@ class PeerIndex:
     A redelivered experience (same id) is stored once; policy_stats only update the producer's P̂."""
 
     def __init__(self, coupling: Coupling = "lockstep", max_staleness: int = 1, max_age_s: float = 0.0,
-                 max_prompts: int = 4096, clock=time.time):
+                 max_prompts: int = 4096, max_successes: int = 8, clock=time.time):
         if coupling not in COUPLINGS:
             raise ValueError(f"coupling {coupling!r} is not one of {COUPLINGS}")
         self.coupling, self.max_staleness, self.max_age_s, self.max_prompts = (coupling, max_staleness,
                                                                                max_age_s, max_prompts)
+        self.max_successes = max_successes            # per (prompt, producer), the newest
         self.floor = 0
         self.dropped = 0
         self.entries: dict[str, dict[str, _Entry]] = {}   # insertion order: least recently published first
@@ -125,28 +132,43 @@ class PeerIndex:
         if not keeps_forever and self._stale(producer, version, created_s):
             self.dropped += 1
             return False
-        payload = getattr(e, kind)
-        by_producer = self.entries.pop(payload.prompt_id, {})
-        self.entries[payload.prompt_id] = by_producer          # now the most recently published
-        entry = by_producer.setdefault(producer, _Entry(version, created_s))
-        if kind != "success":
-            holds_group = entry.group_rewards is not None or bool(entry.rollouts)
-            if holds_group and version < entry.version:        # an older group than the one held
-                self.dropped += 1
-                return False
-            if version != entry.version or not holds_group:    # a newer group replaces the one held
-                self.dropped += entry.drop_group()
-                entry.version, entry.created_s = version, created_s
-            entry.created_s = max(entry.created_s, created_s)
+        pid = getattr(e, kind).prompt_id
+        entry = self.entries.setdefault(pid, {}).setdefault(producer, _Entry(version, created_s))
         if delivery_id is not None:
             entry.deliveries.append(delivery_id)
-        if e.experience_id not in entry.seen:
-            entry.seen.add(e.experience_id)
-            if kind == "group_stats":
-                entry.group_rewards = list(payload.rewards)
-            else:
-                (entry.rollouts if kind == "rollout" else entry.successes).append(payload)
-        self._evict()
+        stored = self._store(entry, e, kind, version, created_s)
+        if stored:
+            self.entries[pid] = self.entries.pop(pid)          # now the most recently published
+            self._evict()
+        return stored or bool(entry.deliveries)
+
+    def _store(self, entry: _Entry, e, kind: str, version: int, created_s: float) -> bool:
+        """Put one experience in its entry; False when it is not new (a redelivery, an older group)."""
+        payload = getattr(e, kind)
+        if kind == "success":
+            if e.experience_id in entry.success_ids:
+                return False
+            entry.successes.append(payload)
+            entry.success_ids.append(e.experience_id)
+            if len(entry.successes) > self.max_successes:      # the newest max_successes stay
+                del entry.successes[0], entry.success_ids[0]
+                self.dropped += 1
+            return True
+        holds_group = entry.group_rewards is not None or bool(entry.rollouts)
+        if version < entry.version and (holds_group or entry.group_ids):   # older than the group held or used
+            self.dropped += 1
+            return False
+        if version != entry.version or not (holds_group or entry.group_ids):  # a newer group replaces it
+            self.dropped += entry.drop_group()
+            entry.version, entry.created_s, entry.group_ids = version, created_s, set()
+        if e.experience_id in entry.group_ids:
+            return False
+        entry.group_ids.add(e.experience_id)
+        entry.created_s = max(entry.created_s, created_s)
+        if kind == "group_stats":
+            entry.group_rewards = list(payload.rewards)
+        else:
+            entry.rollouts.append(payload)
         return True
 
     def _evict(self) -> None:
@@ -173,16 +195,24 @@ class PeerIndex:
         return stale
 
     def take(self, prompt_ids: list[str]) -> dict[str, dict[str, _Entry]]:
-        """Remove and return the entries of these prompts. async: their successes stay (a rescue may be needed
-        again the next time this policy meets the prompt)."""
-        taken = {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
-        if self.coupling == "async":
-            for pid, by_producer in taken.items():
-                kept = {producer: _Entry(entry.version, entry.created_s, successes=list(entry.successes),
-                                         seen=set(entry.seen))
-                        for producer, entry in by_producer.items() if entry.successes}
-                if kept:
-                    self.entries[pid] = kept
+        """Remove and return the entries of these prompts. async: their groups are used (a redelivery is not
+        taken again) and their successes stay where they are (a rescue may be needed again the next time this
+        policy meets the prompt)."""
+        if self.coupling == "lockstep":
+            return {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
+        taken = {}
+        for pid in prompt_ids:
+            by_producer = self.entries.get(pid)
+            if by_producer is None:
+                continue
+            taken[pid] = {producer: entry.copy() for producer, entry in by_producer.items()}
+            for producer, entry in list(by_producer.items()):
+                entry.drop_group()
+                entry.deliveries = []
+                if not entry.successes:
+                    del by_producer[producer]
+            if not by_producer:
+                del self.entries[pid]
         return taken
 
     def offered(self, solved: set[str] | frozenset = frozenset()) -> list[str]:

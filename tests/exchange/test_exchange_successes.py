@@ -117,6 +117,7 @@ def test_authorization_is_that_of_subscribe(start_exchange, run_id, tmp_path):
     ({"prompt_ids": ["p/1", "p/1"]}, "prompt_ids[1]"),
     ({"producers": ["policy:b"]}, "producer"),
     ({"producers": [f"p{i}" for i in range(257)]}, "producers"),
+    ({"producers": ["policy-a", "policy-a"]}, "more than once"),
     ({"max_per_prompt": 65}, "max_per_prompt"),
     ({"max_response_bytes": 1000}, "max_response_bytes"),
 ])

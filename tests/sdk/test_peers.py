@@ -84,8 +84,10 @@ def test_async_keeps_at_most_max_prompts_the_least_recently_published_go_first()
     for pid in ("a", "b", "c"):
         add_all(ix, group("peer", 1, pid, [1.0]))
     assert list(ix.entries) == ["b", "c"] and ix.take_dropped() == 2
-    add_all(ix, group("peer", 1, "b", [1.0])[1:])       # b published again (a rollout): now the newest
-    add_all(ix, group("peer", 1, "d", [1.0]))
+    add_all(ix, group("peer", 1, "b", [1.0])[1:])       # a redelivery of b's rollout is not news: b stays oldest
+    assert list(ix.entries) == ["b", "c"]
+    add_all(ix, group("peer", 2, "b", [1.0]))           # b published again: now the newest
+    add_all(ix, group("peer", 2, "d", [1.0]))
     assert list(ix.entries) == ["b", "d"]
 
 
@@ -119,3 +121,16 @@ def test_lockstep_take_removes_everything():
     ix = PeerIndex("lockstep")
     add_all(ix, group("peer", 1, "p", [1.0]) + [success("peer", 1, "p")])
     assert set(ix.take(["p"])) == {"p"} and ix.entries == {}
+
+
+def test_async_keeps_the_newest_successes_per_prompt_and_producer_and_take_keeps_their_place():
+    ix = index(max_successes=3)
+    for v in range(10):
+        ix.add(success("peer", v, "p"))
+    assert [s_id.split(".")[1] for s_id in ix.entries["p"]["peer"].success_ids] == ["7", "8", "9"]
+    assert ix.take_dropped() == 7
+    ix.add(success("peer", 9, "p"))                     # a redelivery (or a library recall): stored once
+    assert len(ix.entries["p"]["peer"].successes) == 3
+    add_all(ix, [success("peer", 1, "q")])
+    ix.take(["p"])                                      # used, not re-published: q stays the newest
+    assert ix.offered() == ["q", "p"]

@@ -361,5 +361,6 @@ def test_find_maps_a_training_prompt_id_to_the_problem_and_nothing_else():
     held_out = task.problem(17, "eval").prompt_id
     for prompt_id in (other_seed, held_out, problem.prompt_id + "x", problem.prompt_id.rsplit(":", 1)[0] + ":",
                       problem.prompt_id.rsplit(":", 1)[0] + ":-1", problem.prompt_id.rsplit(":", 1)[0] + ":１７",
+                      problem.prompt_id.rsplit(":", 1)[0] + ":017",
                       "linear-L1:train:3", ""):
         assert task.find(prompt_id) is None, prompt_id

@@ -8,7 +8,7 @@ from mrl_serving.server import grpc_principal
 from mrl.v1 import exchange_pb2 as xpb
 from mrl_exchange.core import Exchange
 from mrl_exchange.subscription import Subscription
-from mrl_exchange.successes import MAX_PROMPTS, get_successes
+from mrl_exchange.successes import get_successes
 
 __all__ = ["ExchangeServicer"]
 
@@ -45,7 +45,9 @@ class ExchangeServicer:
         return xpb.AckResponse(acked=acked)
 
     async def GetSuccesses(self, request: xpb.GetSuccessesRequest, context) -> xpb.GetSuccessesResponse:
-        principal = await self._principal(context, min(max(1, len(request.prompt_ids)), MAX_PROMPTS))
+        # a read per (prompt, named producer): the cost is the prompts, times the producers when named
+        cost = max(1, len(request.prompt_ids)) * max(1, len(request.producers))
+        principal = await self._principal(context, min(cost, self.exchange.settings.rate_limit_burst))
         principal.require_policy(request.subscriber, request.run_id, "read successes")
         return await get_successes(self.exchange, request)
 

@@ -12,8 +12,9 @@ A duplicate (an experience id seen within MRL_DEDUPE_TTL_S) is neither appended 
 
 Keyed per (prompt, producer), not per prompt: a prolific producer — or the asking policy itself, whose successes
 a query leaves out by default — cannot evict a peer's successes for the prompt, so whichever producers a query
-names, it sees each one's newest. A query merges the named producers' lists by stream entry id (the exchange's
-append time, in ms) and keeps the newest `max_per_prompt`. The producers with successes are the run's topics
+names, what is stored for it is its own newest. A query merges the named producers' lists by stream entry id (the
+exchange's append time, in ms) and answers the newest `max_per_prompt` of them all, so in a response a prolific
+producer can outnumber the others (name producers to choose). The producers with successes are the run's topics
 ("success:<producer>"), which outlive stream trimming.
 
 Retention: the library outlives the streams (that is its point) and is bounded by prompts × producers × the cap ×
@@ -53,6 +54,8 @@ async def get_successes(exchange: Exchange, request: xpb.GetSuccessesRequest) ->
         raise InvalidArgument(f"{len(request.producers)} producers named; at most {MAX_PRODUCERS} "
                               f"(or none: every producer but the subscriber)")
     producers = [experience.validate_name("producer", p) for p in request.producers]
+    if len(set(producers)) < len(producers):
+        raise InvalidArgument("producers names a policy more than once; name each once")
     if request.max_per_prompt > MAX_PER_PROMPT:
         raise InvalidArgument(f"max_per_prompt {request.max_per_prompt} exceeds {MAX_PER_PROMPT} "
                               f"(0: the exchange's default)")

@@ -100,6 +100,9 @@ class Dispatcher:
             passed, _ = await self.core.tick(list(self._waiters))
         except Unavailable:  # the sweeper runs the pass later
             return
+        except Exception:    # noqa: BLE001 - a nudge is an optimisation: the sweeper runs the pass later
+            log.exception("the scheduling pass after an anticipation window failed; the sweeper will run it")
+            return
         self.wake(passed)
 
     # -- Acquire ---------------------------------------------------------------------------------

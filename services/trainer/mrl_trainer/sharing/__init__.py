@@ -12,7 +12,9 @@ policy publishes all four kinds whatever its mode. Coordination (trainer.py, mrl
 by global id, in one of two couplings. lockstep: at step t a policy waits at most `peer_wait_s` for
 its peers' experience of its batch, then goes on with what arrived. async: a policy never waits; it
 uses what its peers have published for its batch's prompts, and up to `guided_share` of a batch are
-prompts its peers published. Both drop experience more than `max_staleness` versions old.
+prompts its peers published. lockstep drops experience more than `max_staleness` versions behind its
+own step; async drops a peer's groups more than `max_staleness` versions behind that peer's latest,
+and keeps verified successes however old.
 
 A mode describes itself in its class (name, title, kinds, Config, stats: see SharingMode) and is
 registered in MODES; the `sharing:` config (SharingConfig), `mrl experiment compare` and the run

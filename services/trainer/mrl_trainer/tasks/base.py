@@ -183,9 +183,12 @@ class Task(abc.ABC):
         task, seed or split, or no index): a peer's prompt id is only ever a key into this task's own problems."""
         prefix = self._prompt_id(0, "train")[:-1]
         index = prompt_id[len(prefix):] if prompt_id.startswith(prefix) else ""
-        if not (index.isascii() and index.isdigit() and len(index) <= 15):
+        if not (index.isascii() and index.isdigit() and len(index) <= 15 and str(int(index)) == index):
             return None
-        return self.problem(int(index), "train")
+        try:
+            return self.problem(int(index), "train")
+        except TaskError:        # e.g. a procedural index with no training problem: not one of this task's
+            return None
 
     def reward(self, problem: Problem, response: str) -> float:
         """1.0 if the response solves the problem, else 0.0; TaskError only if the verifier itself breaks."""
