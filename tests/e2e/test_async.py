@@ -88,7 +88,7 @@ def test_a_ten_times_slower_peer_never_holds_back_an_async_policy(tmp_path, exch
     peer.close()
     train = _train_records(tmp_path)
     assert [r["step"] for r in train] == list(range(8))
-    assert all(r["peer_wait_s"] < 0.05 for r in train)
+    assert all(r["peer_wait_s"] < 0.5 for r in train)     # no wait (lockstep: up to 10 s)
     assert sum(r["peer_guided"] for r in train) >= 1 and sum(r["sgt_rescued"] for r in train) >= 1
     assert sum(r["sgt_rejected"] for r in train) == 0
 

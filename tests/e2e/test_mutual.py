@@ -98,7 +98,7 @@ def test_a_dead_peer_never_blocks_a_policy(tmp_path, exchange, run_id, coupling)
     assert [r["step"] for r in train] == [0, 1]
     assert all(r["peers_complete"] == 0 and r["sharing"] == "prp" for r in train)
     waits = [r["peer_wait_s"] for r in train]
-    assert all(0.5 <= w < 10 for w in waits) if coupling == "lockstep" else all(w < 0.05 for w in waits)
+    assert all(0.5 <= w < 10 for w in waits) if coupling == "lockstep" else all(w < 0.5 for w in waits)
 
 
 @pytest.mark.parametrize("bad, message", [

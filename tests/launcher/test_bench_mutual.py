@@ -74,4 +74,4 @@ def test_bench_mutual_quick_runs_every_arm(tmp_path):
     assert all(f["peers_complete_mean"] > 0 and f["peer_wait_s_mean"] >= 0 for f in lockstep.values())
     assert lockstep["policy-b"]["peer_samples"] > 0          # HACPO took policy-a's rollouts (through THL)
     assert "sgt_accepted" in lockstep["policy-a"]            # SGT ran (accepting needs a verified peer success)
-    assert all(f["peer_wait_s_mean"] < 0.1 for f in result["async"]["policies"].values())     # nobody waits
+    assert all(f["peer_wait_s_mean"] < 0.5 for f in result["async"]["policies"].values())     # nobody waits
