@@ -29,6 +29,7 @@ __all__ = ["ExchangeClient", "AsyncExchangeClient", "Delivery", "Backoff"]
 
 _START = {"latest": xpb.START_POSITION_LATEST, "earliest": xpb.START_POSITION_EARLIEST}
 RETRY_BUDGET_S = 30.0  # how long Publish and Ack are retried while the exchange is UNAVAILABLE, by default
+SUCCESS_PROMPTS_PER_CALL = 256  # the most prompt ids one GetSuccesses request may carry
 
 
 class Delivery:
@@ -86,7 +87,8 @@ class _Requests:
         return req
 
     def get_successes(self, run_id, subscriber, prompt_ids, producers, max_per_prompt) -> xpb.GetSuccessesRequest:
-        return xpb.GetSuccessesRequest(run_id=run_id, subscriber=subscriber, prompt_ids=prompt_ids,
+        return xpb.GetSuccessesRequest(run_id=run_id, subscriber=subscriber,
+                                       prompt_ids=prompt_ids[:SUCCESS_PROMPTS_PER_CALL],
                                        producers=list(producers), max_per_prompt=max_per_prompt,
                                        max_response_bytes=self.max_response_bytes)
 
@@ -120,9 +122,10 @@ class ExchangeClient(BlockingClient):
 
     def get_successes(self, run_id: str, subscriber: str, prompt_ids: Iterable[str], producers: Iterable[str] = (),
                       max_per_prompt: int = 0) -> list[pb.Experience]:
-        """The newest verified successes of each prompt (at most 256 prompts) from `producers` (default: every
-        producer but `subscriber`), each prompt's newest first, however long ago they were published; asks again
-        for the prompts a response had no room for. Retried while UNAVAILABLE (a read)."""
+        """The newest verified successes of each prompt from `producers` (default: every producer but
+        `subscriber`), each prompt's newest first, however long ago they were published; asks in requests of at
+        most SUCCESS_PROMPTS_PER_CALL prompts, and again for the prompts a response had no room for. Retried
+        while UNAVAILABLE (a read)."""
         prompts, successes = list(prompt_ids), []
         while True:
             req = self._req.get_successes(run_id, subscriber, prompts, producers, max_per_prompt)

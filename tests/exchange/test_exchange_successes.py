@@ -171,3 +171,12 @@ def test_a_response_holds_whole_prompts_within_the_receive_limit_and_the_sdk_ask
             ask(["p/huge"])
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "max_response_bytes" in info.value.details()
+
+
+def test_the_sdk_asks_for_more_prompts_than_one_request_carries_in_several(exchange, run_id):
+    from mrl.exchange_client import SUCCESS_PROMPTS_PER_CALL
+    prompts = [f"many/{i}" for i in range(SUCCESS_PROMPTS_PER_CALL + 44)]
+    sent = [success(run_id, "policy-a", prompt_id=p) for p in prompts]
+    with ExchangeClient(exchange.target) as see:
+        assert see.publish(sent).accepted == len(sent)
+        assert ids(see.get_successes(run_id, "policy-b", prompts)) == ids(sent)

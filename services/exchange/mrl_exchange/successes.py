@@ -30,12 +30,13 @@ import itertools
 
 from mrl import experience
 from mrl.errors import FailedPrecondition, InvalidArgument
+from mrl.exchange_client import SUCCESS_PROMPTS_PER_CALL
 from mrl.v1 import exchange_pb2 as xpb
 from mrl_exchange.core import Exchange, library_key, redis_call, response_limit, topics_key
 
 __all__ = ["get_successes", "MAX_PROMPTS", "MAX_PRODUCERS", "MAX_PER_PROMPT"]
 
-MAX_PROMPTS = 256      # prompt ids in one GetSuccesses
+MAX_PROMPTS = SUCCESS_PROMPTS_PER_CALL   # prompt ids in one GetSuccesses (the SDK sends at most this many)
 MAX_PRODUCERS = 256    # producers named in one GetSuccesses
 MAX_PER_PROMPT = 64    # successes per prompt in one GetSuccesses
 _RESPONSE_HEADROOM = 16  # bytes of a GetSuccessesResponse beside its successes: truncated, prompts_answered

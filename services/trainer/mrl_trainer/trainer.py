@@ -53,8 +53,6 @@ __all__ = ["Trainer", "build_trainer"]
 
 log = logging.getLogger("mrl.trainer")
 
-LIBRARY_PROMPTS = 256     # most prompt ids in one GetSuccesses request
-
 
 def _step_line(step: int, steps: int, record: dict) -> str:
     """One log line per step (when the progress bar is off): reward, time, and the sharing mode's counts."""
@@ -316,11 +314,11 @@ class Trainer:
         if self.cfg.sharing.coupling != "async" or "success" not in self.sharing.kinds:
             return 0
         failed = [p.prompt_id for p, rewards in zip(batch.problems, batch.rewards) if max(rewards) < 1.0]
-        successes = []
+        if not failed:
+            return 0
         try:
-            for i in range(0, len(failed), LIBRARY_PROMPTS):        # the exchange's most prompts per request
-                successes += self.exchange.get_successes(self.cfg.run_id, self.cfg.policy,
-                                                         failed[i:i + LIBRARY_PROMPTS], producers=self.cfg.sharing.peers)
+            successes = self.exchange.get_successes(self.cfg.run_id, self.cfg.policy, failed,
+                                                    producers=self.cfg.sharing.peers)
         except MrlError as exc:
             log.warning("step %d: no successes from the exchange's library: %s", batch.step, exc)
             return 0
