@@ -46,7 +46,7 @@ from typing import Literal
 from mrl.errors import FailedPrecondition, MrlError
 from mrl.experience import kind_of
 
-__all__ = ["PeerInbox", "PeerIndex", "Arrived", "Retokenizer", "COUPLINGS"]
+__all__ = ["PeerInbox", "PeerIndex", "Arrived", "Retokenizer", "COUPLINGS", "guided_batch"]
 
 log = logging.getLogger("mrl.peers")
 
@@ -231,6 +231,21 @@ class PeerIndex:
     def take_dropped(self) -> int:
         dropped, self.dropped = self.dropped, 0
         return dropped
+
+
+def guided_batch(offered: list[str], find, own: list, size: int, share: float) -> tuple[list, int]:
+    """A peer-guided batch of `size` problems and how many the peers chose: first up to ⌊share·size⌋ problems of
+    the `offered` prompt ids (in their order) that `find(prompt_id)` knows (None: not one of this policy's), then
+    the policy's `own` problems (each with a .prompt_id) for the rest."""
+    guided: dict[str, object] = {}
+    for prompt_id in offered:
+        if len(guided) >= int(share * size):
+            break
+        problem = find(prompt_id)
+        if problem is not None:
+            guided[problem.prompt_id] = problem
+    rest = [p for p in own if p.prompt_id not in guided][:size - len(guided)]
+    return [*guided.values(), *rest], len(guided)
 
 
 class PeerInbox:

@@ -43,6 +43,7 @@ import yaml
 from pydantic import ValidationError
 
 from mrl.errors import FailedPrecondition
+from mrl.peers import guided_batch
 from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
 from mrl_launcher.lab.exchange import AsyncInbox, InProcessAlign, publish, receive
 from mrl_launcher.lab.point import Point, Settings
@@ -166,17 +167,17 @@ def _published(producer: _Policy, batch: StepBatch, problems, point: Point, t: i
                    batch_rewards=rewards, window=window, rollouts_total=producer.rollouts_total)
 
 
-def _plan(k: _Policy, batch: StepBatch, experiences: list, t: int, batch_rewards: list, window: int,
-          max_staleness: int):
-    """The receiver's PeerBatch (its own tokens, through THL) and its mode's plan, as Trainer.step."""
-    peers, peer_stats = PeerBatch(), {}
-    if k.sharing.kinds:
-        peers, peer_stats = receive(experiences, step=t, prompt_ids=[p.prompt_id for p in batch.problems],
-                                    kinds=k.sharing.kinds, max_staleness=max_staleness,
-                                    retokenize=Retokenizer(k.tokenizer_id, _aligner()))
-    plan = k.sharing.plan(batch, peers, capability=capability(batch_rewards, window),
-                          verify=Verifier(batch, reward))
-    return peers, peer_stats, plan
+def _receive(k: _Policy, batch: StepBatch, experiences: list, t: int, max_staleness: int) -> tuple[PeerBatch, dict]:
+    """lockstep: the receiver's PeerBatch (its own tokens, through THL) of the peer's experiences, and the stats."""
+    if not k.sharing.kinds:
+        return PeerBatch(), {}
+    return receive(experiences, step=t, prompt_ids=[p.prompt_id for p in batch.problems], kinds=k.sharing.kinds,
+                   max_staleness=max_staleness, retokenize=Retokenizer(k.tokenizer_id, _aligner()))
+
+
+def _plan(k: _Policy, batch: StepBatch, peers: PeerBatch, batch_rewards: list, window: int):
+    """The receiver's mode's plan, as Trainer.step."""
+    return k.sharing.plan(batch, peers, capability=capability(batch_rewards, window), verify=Verifier(batch, reward))
 
 
 def _baseline_shift(batch: StepBatch, peers: PeerBatch) -> dict:
@@ -203,7 +204,8 @@ def _probe(pols: list, k: int, problems_of, point: Point, settings: Settings, lo
         rewards = me.batch_rewards + [sum(map(sum, batch.rewards)) / (len(problems) * point.group_size)]
         experiences = _published(peer, batch, problems, point, t, gen, window, fresh=True) \
             if me.sharing.kinds else []
-        _, _, plan = _plan(me, batch, experiences, t, rewards, window, max_staleness)
+        peers, _ = _receive(me, batch, experiences, t, max_staleness)
+        plan = _plan(me, batch, peers, rewards, window)
         grads.append(gradient(me.model.completion_logprobs, list(me.model.parameters()), me.sharing, loss, batch,
                               plan, max_tokens=settings.max_new_tokens))
     G = torch.stack(grads)
@@ -267,7 +269,7 @@ def _step(k: _Policy, batch: StepBatch, window: int) -> None:
 def _learn(k: _Policy, batch: StepBatch, peers: PeerBatch, peer_stats: dict, cfg, loss: LossConfig,
            settings: Settings, window: int) -> dict:
     """The receiver's plan and update, as Trainer.step; the step's record."""
-    plan = k.sharing.plan(batch, peers, capability=capability(k.batch_rewards, window), verify=Verifier(batch, reward))
+    plan = _plan(k, batch, peers, k.batch_rewards, window)
     stats = update(k.model.completion_logprobs, list(k.model.parameters()), k.optimizer, k.sharing, loss,
                    batch, plan, max_tokens=settings.max_new_tokens)
     record = {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
@@ -301,11 +303,7 @@ def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Ban
         published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" else []
                      for k, b in zip(pols, batches)]
         for i, k in enumerate(pols):
-            peers, peer_stats = PeerBatch(), {}
-            if k.sharing.kinds:
-                peers, peer_stats = receive(published[1 - i], step=t, prompt_ids=[p.prompt_id for p in problems],
-                                            kinds=k.sharing.kinds, max_staleness=cfg.max_staleness,
-                                            retokenize=Retokenizer(k.tokenizer_id, _aligner()))
+            peers, peer_stats = _receive(k, batches[i], published[1 - i], t, cfg.max_staleness)
             k.records.append(_learn(k, batches[i], peers, peer_stats, cfg, loss, settings, window))
     return eval_steps
 
@@ -314,10 +312,7 @@ def _guided(k: _Policy, bandit: Bandit, t: int, size: int, share: float) -> tupl
     """As Trainer.problems under the async coupling: up to ⌊share·P⌋ contexts the peer published (its successes
     k has not solved first), then step t's own schedule for the rest."""
     by_id = {p.prompt_id: p for p in bandit.problems}
-    guided = [by_id[pid] for pid in k.inbox.index.offered(k.solved) if pid in by_id][:int(share * size)]
-    taken = {p.prompt_id for p in guided}
-    rest = [p for p in bandit.batch(t, size) if p.prompt_id not in taken][:size - len(guided)]
-    return guided + rest, len(guided)
+    return guided_batch(k.inbox.index.offered(k.solved), by_id.get, bandit.batch(t, size), size, share)
 
 
 def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit, loss: LossConfig,

@@ -34,6 +34,7 @@ import torch
 
 from mrl.errors import MrlError
 from mrl.experience import validate
+from mrl.peers import guided_batch
 from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.errors import TrainerError
@@ -213,15 +214,7 @@ class Trainer:
         own = self.task.batch(step, size)
         if self.inbox is None or sharing.coupling == "lockstep":
             return own, 0
-        guided: dict[str, Problem] = {}
-        for prompt_id in self.inbox.offered(self._solved.keys()):
-            if len(guided) >= int(sharing.guided_share * size):
-                break
-            problem = self.task.find(prompt_id)
-            if problem is not None:
-                guided[problem.prompt_id] = problem
-        rest = [p for p in own if p.prompt_id not in guided][:size - len(guided)]
-        return [*guided.values(), *rest], len(guided)
+        return guided_batch(self.inbox.offered(self._solved.keys()), self.task.find, own, size, sharing.guided_share)
 
     def rollout(self, step: int, problems: list[Problem] | None = None) -> StepBatch:
         """Sample and verify G responses to each problem (default: the task's step-th batch)."""
