@@ -1,52 +1,75 @@
-"""One rank of an FSDP2 run for tests/scale/test_fsdp.py (started by torchrun): a tiny GPT-2 from a fixed seed,
-sharded with mrl_trainer.distributed, `--steps` updates on fixed global batches split across the ranks, then
-rank 0 writes the full parameters to `--out`. `--resume DIR` starts from a checkpoint, `--save DIR` writes one."""
+"""One rank of tests/scale/test_fsdp.py's update runs (under torchrun, or alone as a single process): a tiny GPT-2
+from a fixed seed, sharded with mrl_trainer.distributed under torchrun, takes `--steps` updates of the trainer's
+update (mrl_trainer.update) on a fixed step batch in each sharing mode (its guard on), with several mini- and
+micro-batches; rank 0 writes each mode's full parameters and statistics to `--out`. `--save DIR` writes each mode's
+sharded checkpoint (torch.distributed.checkpoint) after the steps, `--resume DIR` starts from one."""
 import argparse
+import pathlib
+import sys
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from mrl_trainer import distributed
+from mrl_trainer.config import LossConfig
+from mrl_trainer.logprobs import completion_logprobs
+from mrl_trainer.sharing import PeerBatch, make_sharing, sharing_config
+from mrl_trainer.update import update
 
-VOCAB, ROWS, COLUMNS = 128, 8, 16
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "trainer"))
+from test_sharing_modes import answer_verifier, make_batch, peer  # noqa: E402
+
+VOCAB = 128
+REWARDS = [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1], [0, 0, 0, 0], [0, 1, 0, 0]]
+LENGTHS = [[2, 5, 3, 4], [6, 2, 2, 3], [3, 3, 7, 2], [4, 4, 2, 5], [2, 6, 3, 3]]
+PEERS = PeerBatch(group_rewards={0: [1, 1, 0, 0], 1: [1, 0, 0, 0], 3: [0, 1, 1, 1]},
+                  successes={1: [peer(1, 3, 1.0)], 3: [peer(3, 5, 1.0), peer(3, 2, 1.0)]},
+                  rollouts={0: [peer(0, 4, 1.0, behaviour=-4.0), peer(0, 3, 0.0, behaviour=-4.5)],
+                            3: [peer(3, 4, 1.0, behaviour=-4.2)]},
+                  capability={"j": 0.6})
+MODES = ("none", "xgrpo", "sgt", "hacpo", "prp")
 
 
-def global_batch(step: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (ROWS, COLUMNS), generator=torch.Generator().manual_seed(100 + step))
-
-
-def summed_lm_loss(model, ids):
-    """(summed next-token cross-entropy, tokens predicted)."""
-    logits = model(ids).logits[:, :-1]
-    total = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="sum")
-    return total, ids[:, 1:].numel()
+def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resume: str | None) -> dict:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=VOCAB,
+                                       bos_token_id=0, eos_token_id=0, attn_pdrop=0.0, embd_pdrop=0.0,
+                                       resid_pdrop=0.0))
+    if ranks.sharded:
+        distributed.shard(model)
+    loss = LossConfig(lr=1e-3, mini_batches=2, micro_batch_tokens=30)
+    sharing = make_sharing(sharing_config(mode=mode), loss)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=loss.lr)
+    batch = make_batch(REWARDS, LENGTHS)
+    logprobs = lambda prompts, completions: completion_logprobs(model, prompts, completions, 0, 1.0)  # noqa: E731
+    if resume:
+        distributed.load(f"{resume}/{mode}", model, optimizer)
+    stats = []
+    for _ in range(steps):
+        plan = sharing.plan(batch, PEERS, capability=0.5, verify=answer_verifier(batch))
+        stats.append(update(logprobs, list(model.parameters()), optimizer, sharing, loss, batch, plan, max_tokens=8,
+                            ranks=ranks))
+    if save:
+        distributed.save(f"{save}/{mode}", model, optimizer, steps)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {"params": {k: v.clone() for k, v in full.items()}, "stats": stats}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", required=True)
     parser.add_argument("--save")
     parser.add_argument("--resume")
+    parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args()
-    rank, world = distributed.setup()
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=COLUMNS, vocab_size=VOCAB,
-                                       bos_token_id=0, eos_token_id=0, attn_pdrop=0.0, embd_pdrop=0.0,
-                                       resid_pdrop=0.0))
-    distributed.shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    step = distributed.load(args.resume, model, optimizer) if args.resume else 0
-    for _ in range(args.steps):
-        distributed.update(model, optimizer, summed_lm_loss, global_batch(step).chunk(world)[rank])
-        step += 1
-    if args.save:
-        distributed.save(args.save, model, optimizer, step)
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        torch.save({"step": step, "params": full}, args.out)
-    distributed.teardown()
+    ranks = distributed.setup() if distributed.under_torchrun() else distributed.Ranks()
+    results = {mode: run(mode, args.steps, ranks, args.save, args.resume) for mode in args.modes.split(",")}
+    if ranks.main:
+        torch.save(results, args.out)
+    if ranks.sharded:
+        distributed.teardown()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ its `unpublished` counts the experiences still waiting in the outbox (outbox.py)
 With an exchange, experience an earlier run left in the outbox is sent first. Each publish is
 retried for PUBLISH_BUDGET_S, enough to ride out an exchange restart; past that the step's
 experience waits in the outbox and training goes on.
+
+Under torchrun (`torchrun --nproc-per-node N -m mrl.cli trainer run CONFIG`) every rank runs this: the
+policy is sharded over the N ranks (mrl_trainer.distributed), rank 0 alone connects to the exchange and
+prints the summary.
 """
 import contextlib
 import json
@@ -39,31 +43,38 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def run(config_path: str, overrides: dict | None = None) -> dict:
+    from mrl_trainer import distributed
     from mrl_trainer.trainer import build_trainer
     config = load_config(config_path, overrides)
-    logging.basicConfig(level=logging.INFO, format=f"[{config.policy}] %(message)s", stream=sys.stderr)
+    ranks = distributed.setup() if distributed.under_torchrun() else distributed.Ranks()
+    rank = f" rank {ranks.rank}/{ranks.world}" if ranks.sharded else ""
+    logging.basicConfig(level=logging.INFO, format=f"[{config.policy}{rank}] %(message)s", stream=sys.stderr)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with contextlib.ExitStack() as stack:
+        if ranks.sharded:
+            stack.push(lambda failed, *_: distributed.teardown(wait=failed is None))
         exchange = None
-        if config.exchange:
+        if config.exchange and ranks.main:
             from mrl.exchange_client import Backoff, ExchangeClient
             exchange = stack.enter_context(ExchangeClient(
                 config.exchange.target, config.exchange.token or os.environ.get("MRL_TOKEN"),
                 backoff=Backoff(attempts=None, budget_s=PUBLISH_BUDGET_S)))
-        trainer = build_trainer(config, exchange=exchange)
+        trainer = build_trainer(config, exchange=exchange, ranks=ranks)
         stack.callback(trainer.close)
-        if trainer.resumed_from:
+        if trainer.resumed_from and ranks.main:
             print(f"mrl trainer: resumed from {trainer.resumed_from} at step {trainer.state.step}", file=sys.stderr)
         if exchange is not None:
             _send_outbox(trainer)
         state = trainer.run(should_stop=stop.is_set)
         summary = {"policy": config.policy, "step": state.step, "steps": config.steps,
                    "rollouts_total": state.rollouts_total, "stopped_early": state.step < config.steps,
-                   "unpublished": Outbox(config.checkpoint.dir).pending(),
-                   "checkpoint_dir": config.checkpoint.dir, "metrics": str(trainer.metrics.path)}
-    print(json.dumps(summary), flush=True)
+                   "unpublished": Outbox(config.checkpoint.dir).pending(), "ranks": ranks.world,
+                   "checkpoint_dir": config.checkpoint.dir,
+                   "metrics": str(trainer.metrics.path) if trainer.metrics else None}
+    if ranks.main:
+        print(json.dumps(summary), flush=True)
     return summary
 
 

@@ -5,6 +5,11 @@
     <dir>/step-000040/trainer.pt          optimizer, RNG states (torch, CUDA, python, numpy), TrainState
     <dir>/latest                          the name of the newest complete checkpoint
 
+Under torchrun (FSDP, distributed.py) the weights and the optimizer are written by every rank with
+torch.distributed.checkpoint into `step-N/shards/` instead of model.safetensors and trainer.pt's optimizer,
+and any number of ranks reads them back; rank 0 writes the rest. A sharded checkpoint resumes only under
+torchrun, a single-process one only without it (TrainerError otherwise).
+
 A checkpoint is written into `step-N.tmp/`, renamed into place, and only then named by `latest`
 (os.replace): a crash at any point leaves the previous checkpoint intact; should `latest` ever name
 a folder that is gone, the newest complete `step-N/` is used. The data cursor is the step itself: the prompts of step t are a pure function of
@@ -20,6 +25,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from mrl_trainer import distributed
+from mrl_trainer.distributed import Ranks
 from mrl_trainer.errors import TrainerError
 
 __all__ = ["TrainState", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
@@ -61,19 +68,34 @@ def latest_checkpoint(directory: str | pathlib.Path) -> pathlib.Path | None:
 
 
 def save_checkpoint(directory: str | pathlib.Path, model, tokenizer, optimizer, state: TrainState,
-                    keep: int = 2) -> pathlib.Path:
+                    keep: int = 2, ranks: Ranks = Ranks()) -> pathlib.Path:
+    """Write the checkpoint of step state.step (every rank calls it under torchrun); its folder."""
     directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     name = f"step-{state.step:06d}"
-    tmp = directory / f"{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    model.config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state(), "state": dataclasses.asdict(state)},
-               tmp / "trainer.pt")
-    final = directory / name
+    tmp, final = directory / f"{name}.tmp", directory / name
+    if ranks.main:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ranks.barrier()
+    trainer = {"rng": _rng_state(), "state": dataclasses.asdict(state)}
+    if ranks.sharded:
+        distributed.save(tmp / "shards", model, optimizer, state.step)
+    else:
+        save_model(model, str(tmp / "model.safetensors"))
+        trainer["optimizer"] = optimizer.state_dict()
+    if ranks.main:
+        model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(trainer, tmp / "trainer.pt")
+        _publish(directory, name, keep)
+    ranks.barrier()
+    return final
+
+
+def _publish(directory: pathlib.Path, name: str, keep: int) -> None:
+    """step-N.tmp becomes step-N, `latest` names it, and only the newest `keep` step folders stay."""
+    tmp, final = directory / f"{name}.tmp", directory / name
     old = directory / f"{name}.old"      # a re-save of the same step: set aside, dropped once replaced
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -85,11 +107,22 @@ def save_checkpoint(directory: str | pathlib.Path, model, tokenizer, optimizer, 
     shutil.rmtree(old, ignore_errors=True)
     for old in sorted(directory.glob("step-[0-9]*[0-9]"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
-def load_checkpoint(folder: pathlib.Path, model, optimizer) -> TrainState:
-    """Load weights, optimizer and RNG states saved in `folder` into the given objects."""
+def load_checkpoint(folder: pathlib.Path, model, optimizer, ranks: Ranks = Ranks()) -> TrainState:
+    """Load weights, optimizer and RNG states saved in `folder` into the given objects (under torchrun: the
+    sharded model and its optimizer, whatever the number of ranks that wrote them)."""
+    sharded = (folder / "shards").is_dir()
+    if sharded != ranks.sharded:
+        raise TrainerError(f"checkpoint {folder} was written by a trainer "
+                           f"{'under torchrun (sharded)' if sharded else 'without torchrun'}: resume it "
+                           f"{'under torchrun, with any number of ranks' if sharded else 'without torchrun'}, "
+                           f"or remove {folder.parent} to start afresh")
+    if sharded:
+        distributed.load(folder / "shards", model, optimizer)
+        blob = torch.load(folder / "trainer.pt", weights_only=False)
+        _set_rng_state(blob["rng"])
+        return TrainState(**blob["state"])
     try:
         missing, unexpected = load_model(model, str(folder / "model.safetensors"), strict=False)
         blob = torch.load(folder / "trainer.pt", weights_only=False)

@@ -39,6 +39,8 @@ import math
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from mrl_trainer.distributed import Ranks, local
+
 __all__ = ["GuardConfig", "Guard"]
 
 
@@ -67,26 +69,34 @@ class Guard:
         self.previous: torch.Tensor | None = None      # the last step's Σ τ·d⊥, flat
         self._direction: torch.Tensor | None = None    # this step's, so far
 
-    def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None]) -> dict[str, float]:
+    def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks()
+                ) -> dict[str, float]:
         """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0). The evidence:
-        agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected."""
-        g_s = torch.cat([(s if s is not None else torch.zeros_like(p)).reshape(-1) for s, p in zip(solo, params)])
-        g_m = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected.
+        Under FSDP each rank holds its shards of the gradients: the inner products are summed over the ranks."""
+        g_s = torch.cat([local(s if s is not None else torch.zeros_like(p)).reshape(-1) for s, p in zip(solo, params)])
+        g_m = torch.cat([local(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         g_s, d = g_s.double(), (g_m - g_s.to(g_m.dtype)).double()
-        dot, ss, dd = float(d @ g_s), float(g_s @ g_s), float(d @ d)
+        products = [d @ g_s, g_s @ g_s, d @ d] + ([self.previous @ g_s, self.previous @ self.previous]
+                                                 if self.previous is not None else [])
+        dot, ss, dd, *hind = ranks.sum([float(x) for x in products])
         projected = dot < 0 and ss > 0
         peer = self.trust * (d - dot / ss * g_s if projected else d)
         combined = g_s + peer
         offset = 0
         for p in params:
-            p.grad = combined[offset:offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
+            shard = local(p)
+            piece = combined[offset:offset + shard.numel()].view_as(shard).to(p.dtype)
+            if p.grad is None:
+                p.grad = piece
+            else:
+                local(p.grad).copy_(piece)
+            offset += shard.numel()
         self._direction = peer if self._direction is None else self._direction + peer
         return {"agreement": _cos(dot, ss, dd), "projected": float(projected),
-                "hindsight": _cos(float(self.previous @ g_s), ss, float(self.previous @ self.previous))
-                if self.previous is not None else math.nan}
+                "hindsight": _cos(hind[0], ss, hind[1]) if hind else math.nan}
 
-    def observe(self, evidence: list[dict[str, float]]) -> dict[str, float]:
+    def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
         """End of a step: τ ← (1 − η)τ + η·1[mean hindsight ≥ 0] (no change without hindsight); this step's
         peer direction becomes the next step's `previous`. The step's guard stats (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
@@ -98,7 +108,7 @@ class Guard:
         if "guard_hindsight" in stats:
             eta = self.config.trust_rate
             self.trust = (1 - eta) * self.trust + eta * float(stats["guard_hindsight"] >= 0)
-        if self._direction is not None and float(self._direction @ self._direction) > 0:
+        if self._direction is not None and ranks.sum([float(self._direction @ self._direction)])[0] > 0:
             self.previous = self._direction
         self._direction = None
         return stats

@@ -16,6 +16,10 @@
 
 Rollout and update each run inside a scheduler lease when `scheduler` is configured (MWRA).
 
+Under torchrun the policy is sharded over the ranks by FSDP2 (distributed.py): each rank generates and
+verifies its block of the prompts, rank 0 alone publishes, takes the peers' experience, plans, holds the
+leases, logs and prints, and every rank takes its deal of the update.
+
 The batch is split into micro-batches of at most `loss.micro_batch_tokens` padded tokens; each
 micro-batch loss is normalised by the whole batch's totals, so the accumulated gradient equals the
 full-batch gradient. With μ = updates_per_step = 1, π_old is π_θ detached (no extra forward).
@@ -37,6 +41,7 @@ from mrl.experience import validate
 from mrl.peers import guided_batch
 from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig
+from mrl_trainer.distributed import Ranks, shard
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch, capability, step_experiences
 from mrl_trainer.logprobs import completion_logprobs
@@ -64,7 +69,7 @@ def _step_line(step: int, steps: int, record: dict) -> str:
             f"update {record['update_s']:.1f} s{extra}")
 
 
-def build_trainer(config: TrainerConfig, exchange=None) -> "Trainer":
+def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks()) -> "Trainer":
     """The Trainer of `config`, with every collaborator made from it.
 
     The policy is loaded (resumed from the latest checkpoint in checkpoint.dir when there is one,
@@ -72,7 +77,9 @@ def build_trainer(config: TrainerConfig, exchange=None) -> "Trainer":
     sharing mode that takes peers' experience, the peer inbox on `exchange` and the THL client;
     with `scheduler` configured, the lease client; the metrics sink. `exchange`: an
     mrl.ExchangeClient to publish to and subscribe from (None: solo); it stays the caller's to close,
-    everything else closes with the trainer.
+    everything else closes with the trainer. Under torchrun (`ranks` from distributed.setup) every rank builds
+    one: the model (and the KL reference) sharded, and only rank 0 with the exchange, the peer inbox, the
+    scheduler client and the metrics sink.
     """
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
                           else "cpu" if config.device == "auto" else config.device)
@@ -82,16 +89,23 @@ def build_trainer(config: TrainerConfig, exchange=None) -> "Trainer":
     task = make_task(config.task)
     found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     if config.warm_start and not found:
-        _warm_start(config, model, tokenizer, task, device)
+        for turn in (True, False):     # rank 0 first: it trains and caches, the others then load the cache
+            if ranks.main == turn:
+                _warm_start(config, model, tokenizer, task, device)
+            ranks.barrier()
     # the KL anchor is the initial policy (after any warm start), never a resumed checkpoint's weights
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.loss.beta > 0 else None
+    if ranks.sharded:
+        shard(model)
+        if reference is not None:
+            shard(reference)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.loss.lr, weight_decay=config.loss.weight_decay)
-    state = load_checkpoint(found, model, optimizer) if found else TrainState()
+    state = load_checkpoint(found, model, optimizer, ranks) if found else TrainState()
     sharing = make_sharing(config.sharing, config.loss)
     closing = contextlib.ExitStack()
     try:
-        inbox = retokenize = scheduler = None
-        if sharing.kinds:
+        inbox = retokenize = scheduler = metrics = None
+        if sharing.kinds and ranks.main:
             if exchange is None:
                 raise TrainerError(f"sharing mode {sharing.name!r} takes peers' experience: pass an exchange client")
             inbox = closing.enter_context(contextlib.closing(PeerInbox(
@@ -99,17 +113,18 @@ def build_trainer(config: TrainerConfig, exchange=None) -> "Trainer":
                 config.sharing.max_staleness, coupling=config.sharing.coupling, max_age_s=config.sharing.max_age_s,
                 max_prompts=config.sharing.max_prompts)))
             retokenize = Retokenizer(config.exchange.tokenizer_id, _align_client(config, closing))
-        if config.scheduler:
+        if config.scheduler and ranks.main:
             from mrl.scheduler_client import SchedulerClient
             scheduler = closing.enter_context(SchedulerClient(
                 config.scheduler.target, config.scheduler.token or os.environ.get("MRL_TOKEN"),
                 run_id=config.run_id, policy=config.policy))
-        metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
-                              config.metrics.prometheus_port, config.metrics.tensorboard)
-        closing.callback(metrics.close)
+        if ranks.main:
+            metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
+                                  config.metrics.prometheus_port, config.metrics.tensorboard)
+            closing.callback(metrics.close)
         return Trainer(config, model=model, tokenizer=tokenizer, task=task, optimizer=optimizer, sharing=sharing,
                        metrics=metrics, state=state, resumed_from=found, reference=reference, exchange=exchange,
-                       inbox=inbox, retokenize=retokenize, scheduler=scheduler, closing=closing)
+                       inbox=inbox, retokenize=retokenize, scheduler=scheduler, closing=closing, ranks=ranks)
     except BaseException:      # what was opened (inbox thread, clients, metrics port) is closed again
         closing.close()
         raise
@@ -141,21 +156,27 @@ class Trainer:
 
     Tests may hand it their own task, sharing mode, inbox or metrics sink. The rollout engine is made
     from `model`, and so is the frozen KL reference when beta > 0 and none is handed in; `closing` is
-    closed with the trainer.
+    closed with the trainer. `ranks`: this process's place under torchrun (the default: a single process);
+    `metrics` is None on every rank but 0.
     """
 
     def __init__(self, config: TrainerConfig, *, model, tokenizer, task, optimizer, sharing: SharingMode,
-                 metrics: MetricsSink, state: TrainState | None = None, resumed_from=None, reference=None,
+                 metrics: MetricsSink | None, state: TrainState | None = None, resumed_from=None, reference=None,
                  exchange=None,
                  inbox: PeerInbox | None = None, retokenize: Retokenizer | None = None, scheduler=None,
-                 closing: contextlib.ExitStack | None = None):
+                 closing: contextlib.ExitStack | None = None, ranks: Ranks = Ranks()):
         self.cfg = config
         self.model, self.tokenizer, self.task, self.optimizer = model, tokenizer, task, optimizer
         self.device = next(model.parameters()).device
         if reference is None and config.loss.beta > 0:     # the KL anchor: the model as handed in
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.reference = reference
-        self.engine = make_engine(config.rollout.engine, model, tokenizer, config.rollout.max_batch)
+        self.ranks = ranks
+        try:
+            self.engine = make_engine(config.rollout.engine, model, tokenizer, config.rollout.max_batch,
+                                      synced=ranks.sharded)
+        except ValueError as exc:
+            raise TrainerError(str(exc)) from exc
         self.state = state or TrainState()
         self.sharing, self.metrics = sharing, metrics
         self.exchange, self.inbox, self.retokenize, self.scheduler = exchange, inbox, retokenize, scheduler
@@ -170,14 +191,26 @@ class Trainer:
         """Hold a scheduler lease for one phase (rollout / update); nothing when no scheduler is configured.
 
         A scheduler that cannot be reached or refuses, or a lease lost mid-phase, stops the run
-        (TrainerError): running without the lease could overcommit a shared device.
+        (TrainerError): running without the lease could overcommit a shared device. Under torchrun rank 0
+        holds one gang lease of N devices (N the number of ranks) for all of them, and no rank starts the phase
+        before it is granted.
         """
-        if self.scheduler is None:
+        s = self.cfg.scheduler
+        if s is None:
             yield
             return
-        s = self.cfg.scheduler
+        held, refused = contextlib.ExitStack(), None
+        if self.ranks.main:
+            try:
+                held.enter_context(self.scheduler.lease(devices=self.ranks.world if self.ranks.sharded else s.devices,
+                                                        phase=phase, ttl_s=s.ttl_s, step_cost=s.step_cost))
+            except MrlError as exc:
+                refused = str(exc)
+        refused = self.ranks.broadcast(refused)
+        if refused:
+            raise TrainerError(f"no lease for {phase} from the scheduler at {s.target}: {refused}")
         try:
-            with self.scheduler.lease(devices=s.devices, phase=phase, ttl_s=s.ttl_s, step_cost=s.step_cost):
+            with held:
                 yield
         except MrlError as exc:
             raise TrainerError(f"no lease for {phase} from the scheduler at {s.target}: {exc}") from exc
@@ -217,17 +250,21 @@ class Trainer:
         return guided_batch(self.inbox.offered(self._solved.keys()), self.task.find, own, size, sharing.guided_share)
 
     def rollout(self, step: int, problems: list[Problem] | None = None) -> StepBatch:
-        """Sample and verify G responses to each problem (default: the task's step-th batch)."""
+        """Sample and verify G responses to each problem (default: the task's step-th batch). Under torchrun
+        each rank samples its block of the problems (with a seed of its own) and every rank gets the whole
+        batch."""
         r = self.cfg.rollout
         problems = problems or self.task.batch(step, r.prompts_per_step)
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                seed=self.cfg.seed * 1_000_003 + step)
+                                seed=self.cfg.seed * 1_000_003 + step + (self.ranks.rank << 40))
+        mine, real = self.ranks.block(problems)
         try:
-            samples = self.engine.generate([self._prompt(p) for p in problems], r.group_size, params)
+            samples = self.engine.generate([self._prompt(p) for p in mine], r.group_size, params)[:real]
         except RuntimeError as exc:   # e.g. sampling from NaN logits, or out of memory
             raise TrainerError(f"rollout failed at step {step}: {exc}") from exc
-        verified = [[self._verify(p, s.text) for s in group] for p, group in zip(problems, samples)]
-        return StepBatch(step=step, problems=problems, samples=samples,
+        verified = [[self._verify(p, s.text) for s in group] for p, group in zip(mine, samples)]
+        samples, verified = zip(*self.ranks.gather(list(zip(samples, verified)))) if problems else ((), ())
+        return StepBatch(step=step, problems=problems, samples=list(samples),
                          rewards=[[v[0] for v in group] for group in verified],
                          answers=[[v[1] for v in group] for group in verified])
 
@@ -248,15 +285,16 @@ class Trainer:
 
     def evaluate(self) -> dict[str, int]:
         """Greedy decoding on the held-out (eval split) problems: {prompt_id: 1 if verified correct else 0}."""
-        problems = self.task.batch(0, self.cfg.eval.problems, split="eval")
+        problems, real = self.ranks.block(self.task.batch(0, self.cfg.eval.problems, split="eval"))
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0)
-        samples = self.engine.generate([self._prompt(p) for p in problems], 1, params)
-        return {p.prompt_id: int(self._verify(p, s[0].text)[0] >= 1.0) for p, s in zip(problems, samples)}
+        samples = self.engine.generate([self._prompt(p) for p in problems], 1, params)[:real]
+        return dict(self.ranks.gather([(p.prompt_id, int(self._verify(p, s[0].text)[0] >= 1.0))
+                                       for p, s in zip(problems, samples)]))
 
     def step(self) -> dict:
         t = self.state.step
         step_start = start = time.perf_counter()
-        problems, guided = self.problems(t)
+        problems, guided = self.ranks.broadcast(self.problems(t) if self.ranks.main else None)
         with self._lease("rollout"):
             batch = self.rollout(t, problems)
         rollout_s = time.perf_counter() - start
@@ -265,8 +303,31 @@ class Trainer:
         n_samples = len(flat_rewards)
         tokens = sum(len(s.ids) for group in batch.samples for s in group)
         self.state.rollouts_total += n_samples
-        window = self.cfg.sharing.hacpo.window
-        self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[-window:]
+        self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[
+            -self.cfg.sharing.hacpo.window:]
+        published, plan, peer_stats = self.ranks.broadcast(
+            self._exchange(batch, guided, n_samples, tokens, rollout_s) if self.ranks.main else None)
+        start = time.perf_counter()
+        with self._lease("update"):
+            stats = self.update(batch, plan)
+        update_s = time.perf_counter() - start
+        self.state.step = t + 1
+        record = {"reward_mean": self.state.batch_rewards[-1],
+                  "accuracy": sum(r >= 1.0 for r in flat_rewards) / n_samples,
+                  "capability": self._capability(), "sharing": self.sharing.name,
+                  "rollouts_total": self.state.rollouts_total, "tokens": tokens,
+                  "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
+                  "rollout_s": rollout_s, "update_s": update_s, "step_s": time.perf_counter() - step_start,
+                  "tokens_per_s": tokens / rollout_s,
+                  "published": published, **peer_stats, **stats}
+        if self.metrics is not None:
+            self.metrics.log(t, **record)
+        return record
+
+    def _exchange(self, batch: StepBatch, guided: int, n_samples: int, tokens: int, rollout_s: float):
+        """Publish the step's experience (with an exchange), take the peers' (with an inbox) and plan the update:
+        (experiences the exchange took, the plan, the peer statistics)."""
+        t, window = batch.step, self.cfg.sharing.hacpo.window
         published = 0
         if self.exchange is not None:
             published = self.publish(step_experiences(
@@ -283,21 +344,7 @@ class Trainer:
             peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
             peer_stats.update(peer_guided=guided, peer_recalled=recalled)
         plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
-        start = time.perf_counter()
-        with self._lease("update"):
-            stats = self.update(batch, plan)
-        update_s = time.perf_counter() - start
-        self.state.step = t + 1
-        record = {"reward_mean": self.state.batch_rewards[-1],
-                  "accuracy": sum(r >= 1.0 for r in flat_rewards) / n_samples,
-                  "capability": self._capability(), "sharing": self.sharing.name,
-                  "rollouts_total": self.state.rollouts_total, "tokens": tokens,
-                  "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
-                  "rollout_s": rollout_s, "update_s": update_s, "step_s": time.perf_counter() - step_start,
-                  "tokens_per_s": tokens / rollout_s,
-                  "published": published, **peer_stats, **stats}
-        self.metrics.log(t, **record)
-        return record
+        return published, plan, peer_stats
 
     def recall(self, batch: StepBatch) -> int:
         """async, modes that take successes: fetch the peers' verified successes on the prompts this batch failed
@@ -354,14 +401,15 @@ class Trainer:
         if self._saved_step == self.state.step:
             return
         save_checkpoint(self.cfg.checkpoint.dir, self.model, self.tokenizer, self.optimizer, self.state,
-                        keep=self.cfg.checkpoint.keep)
+                        keep=self.cfg.checkpoint.keep, ranks=self.ranks)
         self._saved_step = self.state.step
 
     def log_eval(self) -> float:
         """Log held-out accuracy with each problem's outcome (paired comparisons resample them); return it."""
         correct = self.evaluate()
         accuracy = sum(correct.values()) / len(correct)
-        self.metrics.log(self.state.step, kind="eval", eval_accuracy=accuracy,
+        if self.metrics is not None:
+            self.metrics.log(self.state.step, kind="eval", eval_accuracy=accuracy,
                          eval_prompt_ids=list(correct), eval_correct=list(correct.values()),
                          rollouts_total=self.state.rollouts_total)
         return accuracy
@@ -369,7 +417,7 @@ class Trainer:
     def _eval_progress(self, bar) -> None:
         accuracy = self.log_eval()
         bar.set_postfix(eval_acc=f"{accuracy:.3f}")
-        if bar.disable:
+        if bar.disable and self.ranks.main:
             log.info("step %d: held-out accuracy %.3f", self.state.step, accuracy)
 
     def run(self, should_stop=lambda: False) -> TrainState:
@@ -378,15 +426,17 @@ class Trainer:
         cfg = self.cfg
         self._should_stop = should_stop
         every = cfg.eval.every
-        bar = tqdm(total=cfg.steps, initial=self.state.step, desc=cfg.policy, disable=not cfg.metrics.progress)
+        bar = tqdm(total=cfg.steps, initial=self.state.step, desc=cfg.policy,
+                   disable=not (cfg.metrics.progress and self.ranks.main))
+        stopped = lambda: self.ranks.broadcast(should_stop())     # noqa: E731  rank 0's word holds for all
         try:
             if every and self.state.step == 0:
                 self._eval_progress(bar)
-            while self.state.step < cfg.steps and not should_stop():
+            while self.state.step < cfg.steps and not stopped():
                 record = self.step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record.get('loss', 0.0):.4f}")
-                if bar.disable:
+                if bar.disable and self.ranks.main:
                     log.info("%s", _step_line(self.state.step, cfg.steps, record))
                 done = self.state.step >= cfg.steps
                 if every and (self.state.step % every == 0 or done):

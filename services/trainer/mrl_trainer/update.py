@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mrl_trainer.distributed import Ranks, full, local
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.sharing import Plan, SharingMode
@@ -122,58 +123,96 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
 
 
 def _backward(loss: torch.Tensor, scale: float, step: int, retain_graph: bool = False) -> float:
+    """Backward on scale × loss; the loss, or 0 for a loss of weight 0 (a rank's idle forward)."""
     if not torch.isfinite(loss):
         raise TrainerError(f"non-finite loss ({loss.item()}) at step {step}: no update was "
                            f"applied; lower loss.lr or check the rewards and the model's dtype")
     (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-    return loss.item()
+    return loss.item() if scale else 0.0
+
+
+def _own_forward(logprobs: LogProbs, work: _Work, g: list[int], old, reference: LogProbs | None):
+    """(logp, π_old log-probs, mask, reference log-probs or None) of own samples g."""
+    prompts, completions = work.own.take(g)
+    logp, mask = logprobs(prompts, completions)
+    ref = None
+    if reference is not None:
+        with torch.no_grad():
+            ref = reference(prompts, completions)[0]
+    return logp, logp.detach() if old is None else old[tuple(g)], mask, ref
 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
-                scale: float = 1.0, solo: list | None = None, params: list | None = None) -> float:
+                scale: float = 1.0, solo: list | None = None, params: list | None = None,
+                ranks: Ranks = Ranks()) -> float:
     """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
     statistics to `per_sequence`. With `solo` (the guard's buffers, one per param), also adds ∇ of scale × the
-    solo loss (own-group advantages, solo normalisers) of the same forward into it."""
+    solo loss (own-group advantages, solo normalisers) of the same forward into it. Under several ranks each
+    forwards its deal of every micro-batch (_dealt), scaled by N to undo FSDP's average, and adds its share."""
     loss_total = 0.0
-    for g in work.own_groups[b]:
-        prompts, completions = work.own.take(g)
-        logp, mask = logprobs(prompts, completions)
-        ref = None
-        if reference is not None:
-            with torch.no_grad():
-                ref = reference(prompts, completions)[0]
-        old_logp = logp.detach() if old is None else old[tuple(g)]
+    for whole in work.own_groups[b]:
+        g, weight = _dealt(whole, ranks, scale)
+        logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
         loss, stats = sharing.own_loss(logp, old_logp, work.advantages[g].to(logp.device), mask, ref_logp=ref,
                                        max_tokens=max_tokens, totals=plan.totals)
         if solo is not None:
             solo_loss, _ = sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask,
                                             ref_logp=ref, max_tokens=max_tokens, totals=work.solo_totals)
-            loss_total += _backward(loss, scale, step, retain_graph=True)
-            grads = torch.autograd.grad(solo_loss * scale, params, allow_unused=True)
+            loss_total += _backward(loss, weight, step, retain_graph=True)
+            grads = torch.autograd.grad(solo_loss * weight, params, allow_unused=True)
             for i, gr in enumerate(grads):
                 if gr is not None:
                     solo[i] = gr if solo[i] is None else solo[i] + gr
         else:
-            loss_total += _backward(loss, scale, step)
+            loss_total += _backward(loss, weight, step)
         for name, value in stats.items():
-            sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active)
-    for g in work.extra_groups[b]:
+            sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active) * bool(weight)
+    for whole in work.extra_groups[b]:
+        g, weight = _dealt(whole, ranks, scale)
         logp, mask = logprobs(*work.peer.take(g))
         loss, stats = sharing.extra_loss(logp, mask, [work.extras[i] for i in g], update=m, max_tokens=max_tokens,
                                          totals=plan.extra_totals)
-        loss_total += _backward(loss, scale, step)
+        loss_total += _backward(loss, weight, step)
         for name, values in stats.items():
-            per_sequence.setdefault(name, []).append(values.detach().cpu())
+            if weight:
+                per_sequence.setdefault(name, []).append(values.detach().cpu())
     return loss_total
 
 
+def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int, old, params: list, *,
+                  max_tokens: int, reference: LogProbs | None, step: int, scale: float, ranks: Ranks) -> list:
+    """The guard's g_s of mini-batch b when FSDP shards the parameters: a sharded parameter gets its gradient only
+    from a backward pass (not from autograd.grad), so the solo loss takes a forward and backward of its own; its
+    gradient (this rank's shards) is returned and cleared."""
+    for whole in work.own_groups[b]:
+        g, weight = _dealt(whole, ranks, scale)
+        logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
+        solo_loss, _ = sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
+                                        max_tokens=max_tokens, totals=work.solo_totals)
+        _backward(solo_loss, weight, step)
+    solo = [None if p.grad is None else local(p.grad).clone() for p in params]
+    for p in params:
+        p.grad = None
+    return solo
+
+
+def _dealt(group: list[int], ranks: Ranks, scale: float) -> tuple[list[int], float]:
+    """This rank's deal of a micro-batch and the weight of its loss: scale × N; a rank dealt nothing forwards
+    the micro-batch's first sequence with weight 0 (so that FSDP's collectives stay in step)."""
+    mine = ranks.deal(group)
+    return (mine, scale * ranks.world) if mine else (group[:1], 0.0)
+
+
 def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: SharingMode, loss_cfg,
-           batch: StepBatch, plan: Plan, *, max_tokens: int, reference: LogProbs | None = None) -> dict[str, float]:
+           batch: StepBatch, plan: Plan, *, max_tokens: int, reference: LogProbs | None = None,
+           ranks: Ranks = Ranks()) -> dict[str, float]:
     """μ = loss_cfg.updates_per_step passes of k = loss_cfg.mini_batches optimizer steps on the batch and the
     plan's extras, each through the mode's guard when it has one (mrl_trainer.guard); the step's statistics
-    (the last pass's). {"skipped": 1, ...} and no update when nothing has a gradient."""
+    (the last pass's). {"skipped": 1, ...} and no update when nothing has a gradient. Under several `ranks`
+    (every rank calls it with the whole batch and plan) each forwards its deal and the statistics are the
+    whole step's."""
     guard = sharing.guard
     work = _work(batch, plan, loss_cfg, loss_cfg.mini_batches, sharing if guard is not None else None)
     if not work.active and not work.extras:
@@ -181,7 +220,8 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     old = None
     if loss_cfg.updates_per_step * len(work.own_groups) > 1:
         with torch.no_grad():
-            old = {tuple(g): logprobs(*work.own.take(g))[0] for part in work.own_groups for g in part}
+            old = {tuple(g): logprobs(*work.own.take(g))[0]
+                   for part in work.own_groups for whole in part for g in [_dealt(whole, ranks, 1.0)[0]]}
     m, evidence = 0, []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
@@ -189,22 +229,35 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             if not work.own_groups[b] and not work.extra_groups[b]:
                 continue
             solo = [None] * len(params) if guard is not None else None
+            if guard is not None and ranks.sharded:
+                solo = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
+                                     reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
             loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
                                       reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
-                                      scale=work.weights[b], solo=solo, params=params)
+                                      scale=work.weights[b], solo=None if ranks.sharded else solo, params=params,
+                                      ranks=ranks)
             if guard is not None:
-                evidence.append(guard.combine(params, solo))
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm)
+                evidence.append(guard.combine(params, solo, ranks))
+            grad_norm = full(torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm))
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
                 raise TrainerError(f"non-finite gradient norm at step {batch.step}: no update was applied")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             m += 1
+    if ranks.world > 1:      # the whole step's statistics: the ranks' shares summed, their sequences joined
+        parts = ranks.gather([(loss_total, sums, per_sequence)])
+        loss_total, sums, per_sequence = 0.0, {}, {}
+        for part_loss, part_sums, part_sequences in parts:
+            loss_total += part_loss
+            for name, value in part_sums.items():
+                sums[name] = sums.get(name, 0.0) + value
+            for name, values in part_sequences.items():
+                per_sequence.setdefault(name, []).extend(values)
     if per_sequence:
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     if guard is not None:
-        sums.update(guard.observe(evidence))
+        sums.update(guard.observe(evidence, ranks))
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
             "extras": len(work.extras), "updates": m, **plan.stats, **sums}
 

@@ -5,6 +5,10 @@ copy. Prompts are left-padded and each is repeated n times; sequences are genera
 of at most `max_batch` so that memory stays bounded. The behaviour log-prob of a sampled token
 is log softmax(logits / temperature)[y_t]: the distribution before top-p truncation, the same
 one the trainer's log π_θ is computed under. Temperature 0 decodes greedily (evaluation).
+
+`synced` (a model sharded by FSDP over torchrun's ranks, each generating its own prompts): every rank runs
+the model's forward until all ranks' sequences are done (transformers' synced_gpus), since each forward
+gathers the shards from all of them; the ranks must generate equally many chunks.
 """
 import torch
 
@@ -14,8 +18,8 @@ __all__ = ["HFEngine"]
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, max_batch: int = 64):
-        self.model = model
+    def __init__(self, model, tokenizer, max_batch: int = 64, synced: bool = False):
+        self.model, self.synced = model, synced
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.stop_ids = stop_token_ids(model, tokenizer)
@@ -45,7 +49,8 @@ class HFEngine:
                         if params.temperature > 0 else dict(do_sample=False))
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=params.max_new_tokens,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=pad, **sampling)
+                output_logits=True, return_dict_in_generate=True, pad_token_id=pad, synced_gpus=self.synced,
+                **sampling)
         finally:
             self.model.train(was_training)
         generated = out.sequences[:, width:]                                    # (B, T)
