@@ -105,7 +105,8 @@ class ExchangeConfig(_Section):
 class SchedulerConfig(_Section):
     target: str = Field(description="host:port of the lease scheduler (MWRA); rollout and update each run in a lease.")
     token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
-    devices: int = Field(1, ge=1, description="Devices per lease (all at once: gang).")
+    devices: int = Field(1, ge=1, description="Devices per lease (all at once: gang). Under torchrun: the "
+                                              "number of ranks, whatever this says.")
     ttl_s: float = Field(30.0, gt=0, le=3600, description="Lease TTL; renewed every TTL/3 while held.")
     step_cost: float = Field(0.0, ge=0, description="Declared cost per step: the fair-share weight unless the "
                                                    "scheduler's MRL_WEIGHTS names this policy.")
