@@ -34,6 +34,7 @@ def test_a_trainer_under_torchrun_publishes_once_leases_its_gang_and_resumes(tmp
                          scheduler={"target": scheduler.target, "ttl_s": 10})
     config["rollout"]["prompts_per_step"] = 3          # not a multiple of the ranks: one rank pads its block
     config["eval"].update(every=2, problems=3)
+    config["loss"]["beta"] = 0.01                     # every sample has a gradient (KL to the sharded reference)
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(config))
     events = []
@@ -54,7 +55,8 @@ def test_a_trainer_under_torchrun_publishes_once_leases_its_gang_and_resumes(tmp
     assert {k: counts.get(k) for k in ("rollout", "group_stats", "policy_stats")} == \
         {"rollout": 18, "group_stats": 6, "policy_stats": 2}       # 2 steps × 3 prompts × G 3, published once
     records = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "reward_mean" in r] == [0, 1]
+    steps = [r for r in records if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [0, 1] and all(r["updates"] == 1 and r["kl"] >= 0 for r in steps)
     evals = [r for r in records if r.get("kind") == "eval"]
     assert [len(r["eval_prompt_ids"]) for r in evals] == [3, 3]       # every held-out problem once, not per rank
     assert (tmp_path / "ckpt" / "step-000002" / "shards" / ".metadata").is_file()

@@ -55,7 +55,7 @@ class Ranks:
         with repeats of an item, so that every rank generates as many sequences (FSDP's forwards stay in step)."""
         size = -(-len(items) // self.world)
         mine = items[self.rank * size:(self.rank + 1) * size]
-        return mine + [(mine or items)[-1]] * (size - len(mine)), len(mine)
+        return (mine + [(mine or items)[-1]] * (size - len(mine)) if items else []), len(mine)
 
     def deal(self, group: list) -> list:
         """This rank's share of a micro-batch: every N-th member from the rank's own index."""

@@ -167,7 +167,10 @@ class Trainer:
                  closing: contextlib.ExitStack | None = None, ranks: Ranks = Ranks()):
         self.cfg = config
         self.model, self.tokenizer, self.task, self.optimizer = model, tokenizer, task, optimizer
-        self.device = next(model.parameters()).device
+        # the parameters the optimizer steps on, taken now: once FSDP has run a forward, model.parameters() names
+        # its root's gathered (unsharded) copies, which receive no gradient
+        self.params = list(model.parameters())
+        self.device = self.params[0].device
         if reference is None and config.loss.beta > 0:     # the KL anchor: the model as handed in
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.reference = reference
@@ -276,9 +279,9 @@ class Trainer:
 
         def logprobs(model):
             return lambda prompts, completions: completion_logprobs(model, prompts, completions, pad, temperature)
-        stats = update(logprobs(self.model), list(self.model.parameters()), self.optimizer, self.sharing,
+        stats = update(logprobs(self.model), self.params, self.optimizer, self.sharing,
                        self.cfg.loss, batch, plan, max_tokens=self.cfg.rollout.max_new_tokens,
-                       reference=None if self.reference is None else logprobs(self.reference))
+                       reference=None if self.reference is None else logprobs(self.reference), ranks=self.ranks)
         if "skipped" not in stats:
             self.engine.sync_weights(self.model)
         return stats
