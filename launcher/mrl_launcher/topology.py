@@ -16,15 +16,18 @@ A topology file (examples/local.yaml):
     trainers:                # optional: N trainers (paths relative to this file), each with overrides
       - config: policy-a.yaml
         set: {sharing.mode: sgt}
+        ranks: 1             # optional: > 1 trains it under torchrun, sharded over that many devices
     report: report           # optional: an HTML report of the trainers' metrics, under data_dir
 
 Each service installed (entry points `mrl.services`) is a child process (`python -m mrl.cli ...
 serve`, mrl_serving.processes) that prints one JSON "ready" line with its ports; a service's
 default ports are its settings' defaults. Each trainer is a child `mrl trainer run CONFIG` pointed at the
 services (exchange.target, sharing.align.target, scheduler.target), with its checkpoints and
-metrics under data_dir/<policy>/. With trainers, `up` returns when they have all finished
+metrics under data_dir/<policy>/; with `ranks: N` > 1 it is `torchrun --standalone --nproc-per-node N -m mrl.cli
+trainer run CONFIG`. With trainers, `up` returns when they have all finished
 (and the report is written); without, it serves until Ctrl-C. Ctrl-C (or SIGTERM) asks the
-trainers to finish their step and checkpoint, then stops the services, then Redis.
+trainers to finish their step and checkpoint (under torchrun: its ranks, not torchrun itself, which would
+stop them before they are done), then stops the services, then Redis.
 """
 import contextlib
 import json
@@ -36,6 +39,7 @@ import sys
 import threading
 import time
 
+import psutil
 import yaml
 
 from mrl_launcher.errors import LauncherError, RunFailed
@@ -51,8 +55,12 @@ TRAINER_STOP_GRACE_S = 600   # a trainer asked to stop finishes its step and che
 def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pathlib.Path,
                        running: dict) -> tuple[str, str, dict]:
     """(config path, policy, --set overrides) of one `trainers:` entry, pointed at the running services."""
-    if not isinstance(spec, dict) or "config" not in spec or set(spec) - {"config", "set"}:
-        raise LauncherError(f"each trainers entry needs `config` (a trainer YAML) and optional `set`; got {spec!r}")
+    if not isinstance(spec, dict) or "config" not in spec or set(spec) - {"config", "set", "ranks"}:
+        raise LauncherError(f"each trainers entry needs `config` (a trainer YAML) and optional `set` and `ranks`; "
+                            f"got {spec!r}")
+    ranks = spec.get("ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise LauncherError(f"trainers entry {spec['config']!r}: ranks must be a whole number >= 1, got {ranks!r}")
     path = base / spec["config"]
     if not path.is_file():
         raise LauncherError(f"trainer config {str(path)!r} does not exist")
@@ -70,11 +78,14 @@ def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pa
     return str(path), policy, overrides
 
 
-def _start_trainer(path: str, overrides: dict, threads: int) -> subprocess.Popen:
-    args = [sys.executable, "-m", "mrl.cli", "trainer", "run", path]
+def _start_trainer(path: str, overrides: dict, threads: int, ranks: int = 1) -> subprocess.Popen:
+    """`mrl trainer run` of one trainer, under torchrun when ranks > 1 (each rank threads // ranks threads)."""
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    args = [sys.executable, *launch, "-m", "mrl.cli", "trainer", "run", path]
     for key, value in overrides.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    threads = str(max(1, threads // ranks))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     return subprocess.Popen(args, env=env, preexec_fn=die_with_parent, start_new_session=True)
 
 
@@ -146,8 +157,10 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
         for spec in specs:
             path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir, running)
             extra.update(overrides or {})
-            trainers[policy] = (_start_trainer(path, extra, threads), extra["metrics.jsonl"])
-            print(f"  trainer {policy:<8} {path}  ({threads} thread(s))", flush=True)
+            ranks = spec.get("ranks", 1)
+            trainers[policy] = (_start_trainer(path, extra, threads, ranks), extra["metrics.jsonl"])
+            shown = f", {ranks} ranks under torchrun" if ranks > 1 else ""
+            print(f"  trainer {policy:<8} {path}  ({threads} thread(s){shown})", flush=True)
         print("Ctrl-C to stop.", flush=True)
         while not stop.wait(0.5):
             for name, process in running.items():
@@ -160,10 +173,14 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
 
 def _stop_trainers(trainers: dict, results: dict) -> None:
     """SIGTERM the trainers still running (each finishes its step and checkpoints), wait for all of them
-    within one grace period, kill what is left; record {policy: exit code, metrics path} in `results`."""
+    within one grace period, kill what is left; record {policy: exit code, metrics path} in `results`. A trainer
+    under torchrun is asked through its ranks (torchrun's children): torchrun itself, signalled, would stop them
+    before they have checkpointed, and exits once they have."""
     for proc, _ in trainers.values():
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            for target in _trainer_processes(proc):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    target.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + TRAINER_STOP_GRACE_S
     for policy, (proc, metrics) in trainers.items():
         try:
@@ -171,6 +188,17 @@ def _stop_trainers(trainers: dict, results: dict) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
         results[policy] = {"exit_code": proc.wait(), "metrics": metrics}
+
+
+def _trainer_processes(proc: subprocess.Popen) -> list:
+    """The processes that train: the trainer itself, or torchrun's ranks when it runs under torchrun."""
+    try:
+        parent = psutil.Process(proc.pid)
+        if "torch.distributed.run" in parent.cmdline():
+            return parent.children() or [parent]
+        return [parent]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def up(config_path: str) -> dict:

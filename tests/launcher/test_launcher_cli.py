@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 
@@ -78,21 +79,24 @@ def test_spawn_passes_list_and_mapping_settings_as_json():
         assert [t["tokenizer_id"] for t in listed] == ["only-gpt2"]
 
 
-def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=[pytest.mark.scale, pytest.mark.slow])])
+def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path, ranks):
     """Ctrl-C in a terminal (SIGINT to the whole foreground process group): the trainer finishes the step
-    under way, checkpoints and exits 0, and only then do the services and Redis stop."""
+    under way, checkpoints and exits 0, and only then do the services and Redis stop. With `ranks: 2` the
+    trainer runs under torchrun, and its ranks finish the step and checkpoint (torchrun is not what is asked)."""
     from helpers import tiny_config
     trainer = tiny_config(tmp_path, steps=10_000, exchange={"target": "set-by-mrl-up:1", "tokenizer_id": "gpt2"})
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(trainer))
     config = tmp_path / "topology.yaml"
     config.write_text(yaml.safe_dump({"data_dir": "d", "exchange": {"port": 0, "admin_port": 0},
-                                      "tokenizer_align": None, "scheduler": {"port": 0, "admin_port": 0, "slots": 1},
-                                      "trainers": [{"config": "tiny.yaml"}]}))
+                                      "tokenizer_align": None, "scheduler": {"port": 0, "admin_port": 0, "slots": ranks},
+                                      "trainers": [{"config": "tiny.yaml", "ranks": ranks}]}))
     proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
+        started = "[tiny] step 2/10000" if ranks == 1 else "[tiny rank 0/2] step 2/10000"
         for line in proc.stderr:                     # the trainer's per-step log lines
-            if line.startswith("[tiny] step 2/10000"):
+            if line.startswith(started):
                 break
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
@@ -101,6 +105,20 @@ def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path):
         proc.kill()
     assert "trainer tiny: exit code 0" in out and "mrl up: stopped" in out
     summary = next(json.loads(line) for line in out.splitlines() if line.startswith('{"policy"'))
-    assert summary["stopped_early"] and summary["step"] >= 2
+    assert summary["stopped_early"] and summary["step"] >= 2 and summary["ranks"] == ranks
     assert (tmp_path / "d" / "tiny" / "checkpoints" / "latest").is_file()
     assert not (tmp_path / "d" / "redis" / "redis.sock").exists()
+
+
+@pytest.mark.parametrize("entry, error", [
+    ({"config": "tiny.yaml", "ranks": 0}, "ranks must be a whole number >= 1"),
+    ({"config": "tiny.yaml", "ranks": "two"}, "ranks must be a whole number >= 1"),
+    ({"config": "tiny.yaml", "nodes": 2}, "optional `set` and `ranks`"),
+])
+def test_a_bad_trainers_entry_is_refused_before_anything_starts(tmp_path, entry, error):
+    from helpers import tiny_config
+    from mrl_launcher.errors import LauncherError
+    from mrl_launcher.topology import validate_trainers
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    with pytest.raises(LauncherError, match=error):
+        validate_trainers({"trainers": [entry]}, tmp_path)
