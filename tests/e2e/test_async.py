@@ -189,3 +189,34 @@ def test_a_late_joiner_gets_successes_its_stream_no_longer_holds_from_the_librar
     train = _train_records(tmp_path)
     assert [r["step"] for r in train] == [0, 1]
     assert all(r["peer_recalled"] >= 1 and r["sgt_rescued"] >= 1 for r in train)
+
+
+def test_a_resumed_trainer_keeps_what_it_learned_about_its_peers(tmp_path, exchange, run_id):
+    """The guard's trust τ, HACPO's measured peer capabilities and the prompts own samples solved (which steer peer
+    guidance) come back with the checkpoint, as they were when it was written."""
+    config = _config(tmp_path, exchange, run_id, steps=1, mode="hacpo")
+    with ExchangeClient(exchange.target) as client:
+        trainer = build_trainer(config, exchange=client)
+        try:
+            trainer.run()
+            trainer.sharing.guard.trust = 0.42
+            trainer.sharing.measure_capabilities([[peer_sample("slow", 1.0), peer_sample("slow", 0.0)]])
+            trainer._solved.update({"arith/9/1": None, "arith/9/2": None})
+            trainer.state.step += 1                            # a later step, so that it is written
+            trainer.checkpoint()
+        finally:
+            trainer.close()
+        resumed = build_trainer(config, exchange=client)
+        try:
+            assert resumed.state.step == 2
+            assert resumed.sharing.guard.trust == 0.42
+            assert resumed.sharing.state()["measured"] == {"slow": [0.5]}
+            assert list(resumed._solved)[-2:] == ["arith/9/1", "arith/9/2"]
+        finally:
+            resumed.close()
+
+
+def peer_sample(producer: str, reward: float):
+    from mrl_trainer.sharing import PeerSample
+    return PeerSample(producer=producer, prompt_index=0, ids=[1], text="x", reward=reward, behaviour_logp=-1.0,
+                      chunks=1)

@@ -37,6 +37,8 @@ class TrainState:
     step: int = 0                  # optimizer steps done; the next step to run
     rollouts_total: int = 0
     batch_rewards: list[float] = dataclasses.field(default_factory=list)   # recent batch mean rewards
+    solved: list[str] = dataclasses.field(default_factory=list)    # prompts own samples solved, oldest first
+    sharing: dict = dataclasses.field(default_factory=dict)        # the sharing mode's state (SharingMode.state)
 
 
 def _rng_state() -> dict:

@@ -31,8 +31,9 @@ With τ = 1 and no conflict the update is the mode's own.
 
 Costs: one more backward over own samples per micro-batch (the solo loss, from the same forward) and
 three gradient-sized buffers (g_s, d, the last step's direction). The guard sees the whole peer term of a
-step, so its trust is per mode (one τ per receiver): with several peers it turns them down together. τ and
-the last direction live in the process: a resumed trainer starts again at τ = 1.
+step, so its trust is per mode (one τ per receiver): with several peers it turns them down together. τ is
+checkpointed with the trainer (SharingMode.state); the last direction is not, so the first step after a
+resume has no hindsight and leaves τ as it was.
 """
 import math
 

@@ -187,7 +187,9 @@ class Trainer:
         self.resumed_from = resumed_from
         self._should_stop = lambda: False     # run()'s, so that a stop cuts the wait for peers short
         self._saved_step = self.state.step if resumed_from else None
-        self._solved: collections.OrderedDict[str, None] = collections.OrderedDict()  # prompts own samples solved
+        # prompts own samples solved (peer guidance prefers others) and the sharing mode's state, as checkpointed
+        self._solved: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(self.state.solved)
+        self.sharing.restore(self.state.sharing)
 
     @contextlib.contextmanager
     def _lease(self, phase: str):
@@ -403,6 +405,7 @@ class Trainer:
         """Save the state at the current step, unless that step is saved already."""
         if self._saved_step == self.state.step:
             return
+        self.state.solved, self.state.sharing = list(self._solved), self.sharing.state()
         save_checkpoint(self.cfg.checkpoint.dir, self.model, self.tokenizer, self.optimizer, self.state,
                         keep=self.cfg.checkpoint.keep, ranks=self.ranks)
         self._saved_step = self.state.step

@@ -142,6 +142,16 @@ class SharingMode:
         self.sharing, self.loss = sharing, loss
         self.guard = Guard(sharing.guard) if self.kinds and sharing.guard.enabled else None
 
+    def state(self) -> dict:
+        """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
+        the guard's trust τ. Plain values only."""
+        return {"guard_trust": self.guard.trust} if self.guard is not None else {}
+
+    def restore(self, state: dict) -> None:
+        """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
+        if self.guard is not None and "guard_trust" in state:
+            self.guard.trust = float(state["guard_trust"])
+
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
         return dict(num_sequences=len(flat), num_tokens=sum(len(s.ids) for s in flat))

@@ -114,6 +114,15 @@ class HACPO(SharingMode):
         super().__init__(sharing, loss)
         self._measured: dict[str, deque] = {}     # producer → its steps' mean re-scored reward, the last K
 
+    def state(self) -> dict:
+        """The guard's trust and each producer's window of measured capabilities."""
+        return {**super().state(), "measured": {p: list(window) for p, window in self._measured.items()}}
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        self._measured = {p: deque(values, maxlen=self.sharing.hacpo.window)
+                          for p, values in state.get("measured", {}).items()}
+
     def measure_capabilities(self, pooled: list[list[PeerSample]]) -> dict[str, float]:
         """P̂^j of every producer with rollouts pooled this step, from this step and its K − 1 before."""
         rewards: dict[str, list[float]] = {}
