@@ -1,5 +1,6 @@
 """The no-harm guard (mrl_trainer.guard): projection of the peer term against the solo gradient, and trust."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,8 +10,9 @@ from mrl_trainer.guard import Guard, GuardConfig
 from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Plan, make_sharing, sharing_config
 from mrl_trainer.sharing.base import solo_advantages
 from mrl_trainer.sharing.xgrpo import XGRPO
+from mrl_trainer import update as update_module
 from mrl_trainer.update import gradient, update
-from test_sharing_modes import answer_verifier, make_batch
+from test_sharing_modes import answer_verifier, make_batch, peer
 
 
 # --- the combination, on hand-made gradients ----------------------------------------------------------------
@@ -120,3 +122,50 @@ def test_every_mode_that_takes_peers_is_guarded_by_default(name):
     sharing = make_sharing(sharing_config(mode=name), LossConfig())
     assert (sharing.guard is not None) == bool(sharing.kinds)
     assert make_sharing(sharing_config(mode=name, guard={"enabled": False}), LossConfig()).guard is None
+
+
+# --- g_s without a second backward where the own loss is the solo loss ---------------------------------------
+def _guarded_updates(monkeypatch, name, peers, solo_is_own=None):
+    """Two guarded updates (k = 2 mini-batches, μ = 2, two samples per micro-batch) of the table on one batch:
+    its parameters, each update's stats, and the mini-batches update took g_s as the own gradient on.
+    `solo_is_own` overrides that choice (all False: the second backward everywhere)."""
+    real, chosen = update_module._work, []
+
+    def work(*args, **kwargs):
+        w = real(*args, **kwargs)
+        chosen.append(w.solo_is_own)
+        return w if solo_is_own is None else replace(w, solo_is_own=solo_is_own)
+
+    monkeypatch.setattr(update_module, "_work", work)
+    batch = make_batch([[0, 0, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0], [0, 1, 1, 0]], [[1, 2, 3, 2]] * 4)
+    table, sharing = _Table(), make_sharing(sharing_config(mode=name), LossConfig())
+    optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
+    loss = LossConfig(mini_batches=2, updates_per_step=2, micro_batch_tokens=10)
+    plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
+    stats = [update(table, list(table.parameters()), optimizer, sharing, loss, batch, plan, max_tokens=8)
+             for _ in range(2)]
+    return table.w.detach().clone(), stats, chosen[0]
+
+
+def test_sgt_takes_the_solo_gradient_from_its_own_backward_with_the_same_update(monkeypatch):
+    """SGT's own term is GRPO's: g_s is the own micro-batches' gradient, copied before the rescues' backward
+    — the same parameters and guard statistics, bit for bit, as the second backward gives."""
+    peers = PeerBatch(successes={0: [peer(0, 3, 1.0, text="a0")], 2: [peer(2, 2, 1.0, text="a2")]})
+    w, stats, chosen = _guarded_updates(monkeypatch, "sgt", peers)
+    assert chosen == [True, True] and stats[0]["extras"] == 2 and stats[0]["updates"] == 4
+    assert all(math.isfinite(s["guard_agreement"]) for s in stats) and math.isfinite(stats[1]["guard_hindsight"])
+    w_full, stats_full, _ = _guarded_updates(monkeypatch, "sgt", peers, solo_is_own=[False, False])
+    assert torch.equal(w, w_full) and stats == stats_full
+
+
+def test_pooled_baselines_keep_the_second_backward_where_they_change_the_advantages(monkeypatch):
+    """XGRPO with a peer's stats for prompt 1 only (8 failures: a pooled baseline that conflicts with own
+    learning): mini-batch 0 (prompts 0, 1) needs the solo loss's own backward, mini-batch 1 (prompts 2, 3)
+    does not — and the own gradient as g_s on mini-batch 0 would let the conflict through."""
+    peers = PeerBatch(group_rewards={1: [0] * 8})
+    w, stats, chosen = _guarded_updates(monkeypatch, "xgrpo", peers)
+    assert chosen == [False, True] and stats[0]["guard_projected"] > 0 and stats[1]["guard_hindsight"] < 0
+    w_full, stats_full, _ = _guarded_updates(monkeypatch, "xgrpo", peers, solo_is_own=[False, False])
+    assert torch.equal(w, w_full) and stats == stats_full
+    w_wrong, stats_wrong, _ = _guarded_updates(monkeypatch, "xgrpo", peers, solo_is_own=[True, True])
+    assert not torch.equal(w, w_wrong) and stats_wrong != stats

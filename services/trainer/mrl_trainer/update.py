@@ -1,19 +1,26 @@
 """One policy update: μ passes over a step's own samples and its plan's extras, each pass in k mini-batches,
 one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts them, for HACPO's stepwise clip).
 
-    active  = own samples with ids and (β > 0 or A_i ≠ 0)       extras = plan.extras with ids
+    active  = own samples with ids and (β > 0 or A_i ≠ 0 or, with a guard, A_solo,i ≠ 0)
+    extras  = plan.extras with ids
     mini-batches: the step's prompts in k = loss.mini_batches contiguous parts; mini-batch b holds the active
               own samples and the extras of its prompts, split by micro_batches(lengths, loss.micro_batch_tokens)
     old     = π_old log-probs of every own micro-batch, before the first optimizer step, when μ·k > 1
               (else logp.detach(): on-policy, no extra forward)
     for epoch in 0 .. μ−1, for b in 0 .. k−1 (a mini-batch with nothing to forward is skipped):
         w_b · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals) → backward
+        guard:  g_s = ∇ w_b · Σ_micro  sharing.own_loss(…, A_solo[g], …, totals=the solo totals), the solo loss
+                (A_solo: own-group advantages). Where that is the loss above (A_solo = A on b's active samples and
+                plan.totals = the solo totals: SGT, or a step no peer reached), a copy of the gradient so far;
+                else one more backward per micro-batch, from the same forward (retain_graph; under FSDP, whose
+                sharded parameters take gradients only from backward passes, a forward and backward of its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
+        guard:  grad ← guard.combine(g_m = grad, g_s)   (mrl_trainer.guard)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
               before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
               statistics (weighted by micro-batch size) and sharing.summarize(the extras' per-sequence
-              statistics), both over the last pass
+              statistics), both over the last pass; guard.observe(every optimizer step's evidence)
 
 Every normaliser in a plan is a whole-step total, so the mini-batch losses L_b of one pass sum to the
 whole-step loss L; mini-batch b, holding P_b of the step's P prompts, steps on w_b·L_b with w_b = P / P_b,
@@ -24,6 +31,9 @@ full-batch update.
 With β = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the plan's
 totals stay whole), so only the others are forwarded: same update, less compute. The micro-batch losses
 sum to the mini-batch loss and the accumulated gradient equals the mini-batch gradient.
+
+Under torchrun (`ranks`, mrl_trainer.distributed) every rank runs this on the whole batch and plan but forwards
+only its deal of each micro-batch; the ranks' gradients sum to the single process's.
 
 The model enters only through `logprobs(prompts, completions) -> (logp, mask)` (and the same for the
 frozen reference): the trainer passes its transformers model's (logprobs.completion_logprobs), the
@@ -85,6 +95,7 @@ class _Work:
     weights: list[float]                    # [mini-batch] → w_b = P / P_b
     solo_advantages: torch.Tensor | None    # the guard's: own-group advantages of the active samples
     solo_totals: dict | None                # and the solo loss's normalisers
+    solo_is_own: list[bool]                 # [mini-batch] → the guard's solo loss is its own loss there
 
 
 def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
@@ -93,8 +104,9 @@ def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list
 
 
 def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing: SharingMode | None = None) -> _Work:
-    """With `sharing` (its guard on), the solo loss's advantages and normalisers too, and the own samples that
-    either loss needs."""
+    """With `sharing` (its guard on), the solo loss's advantages and normalisers too, the own samples that
+    either loss needs, and the mini-batches where the two own losses are the same (same normalisers, and the
+    same advantages for the mini-batch's active samples)."""
     flat = [s for group in batch.samples for s in group]
     flat_prompt = [p for p, group in enumerate(batch.samples) for _ in group]
     own_prompts = [group[0].prompt_ids for group in batch.samples]
@@ -114,12 +126,15 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
 
     own_parts = _split(list(range(len(active))), [flat_prompt[i] for i in active], parts)
     peer_parts = _split(list(range(len(extras))), [e.prompt_index for e in extras], parts)
-    return _Work(len(flat), active, plan.advantages[active], own, extras, peer,
+    advantages, solo = plan.advantages[active], solo[active]
+    solo_totals = sharing.own_totals(batch) if sharing is not None else None
+    same = sharing is not None and plan.totals == solo_totals and advantages.dtype == solo.dtype
+    return _Work(len(flat), active, advantages, own, extras, peer,
                  [grouped(part, own_lengths) for part in own_parts],
                  [grouped(part, peer_lengths) for part in peer_parts],
                  [n_prompts / max(len(part), 1) for part in parts],
-                 solo[active] if sharing is not None else None,
-                 sharing.own_totals(batch) if sharing is not None else None)
+                 solo if sharing is not None else None, solo_totals,
+                 [same and torch.equal(advantages[part], solo[part]) for part in own_parts])
 
 
 def _backward(loss: torch.Tensor, scale: float, step: int, retain_graph: bool = False) -> float:
@@ -148,27 +163,32 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
                 ranks: Ranks = Ranks()) -> float:
     """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
-    statistics to `per_sequence`. With `solo` (the guard's buffers, one per param), also adds ∇ of scale × the
-    solo loss (own-group advantages, solo normalisers) of the same forward into it. Under several ranks each
-    forwards its deal of every micro-batch (_dealt), scaled by N to undo FSDP's average, and adds its share."""
+    statistics to `per_sequence`. With `solo` (the guard's buffers, one per param, None), also puts in it g_s, ∇
+    of scale × the solo loss (own-group advantages, solo normalisers): where that is the own loss
+    (work.solo_is_own[b]), a copy of the gradient accumulated over the own micro-batches (this rank's shards),
+    before the extras'; else, per own micro-batch, a second backward (autograd.grad) of the solo loss from the
+    same forward (a single process only: under FSDP update() computes it with _sharded_solo). Under several
+    ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo FSDP's average, and adds its
+    share."""
+    separate = solo is not None and not work.solo_is_own[b]
     loss_total = 0.0
     for whole in work.own_groups[b]:
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
         loss, stats = sharing.own_loss(logp, old_logp, work.advantages[g].to(logp.device), mask, ref_logp=ref,
                                        max_tokens=max_tokens, totals=plan.totals)
-        if solo is not None:
+        loss_total += _backward(loss, weight, step, retain_graph=separate)
+        if separate:
             solo_loss, _ = sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask,
                                             ref_logp=ref, max_tokens=max_tokens, totals=work.solo_totals)
-            loss_total += _backward(loss, weight, step, retain_graph=True)
             grads = torch.autograd.grad(solo_loss * weight, params, allow_unused=True)
             for i, gr in enumerate(grads):
                 if gr is not None:
                     solo[i] = gr if solo[i] is None else solo[i] + gr
-        else:
-            loss_total += _backward(loss, weight, step)
         for name, value in stats.items():
             sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active) * bool(weight)
+    if solo is not None and not separate:
+        solo[:] = [None if p.grad is None else local(p.grad).clone() for p in params]
     for whole in work.extra_groups[b]:
         g, weight = _dealt(whole, ranks, scale)
         logp, mask = logprobs(*work.peer.take(g))
@@ -229,12 +249,13 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             if not work.own_groups[b] and not work.extra_groups[b]:
                 continue
             solo = [None] * len(params) if guard is not None else None
-            if guard is not None and ranks.sharded:
+            apart = solo is not None and ranks.sharded and not work.solo_is_own[b]    # g_s needs its own pass
+            if apart:
                 solo = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
                                      reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
             loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
                                       reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
-                                      scale=work.weights[b], solo=None if ranks.sharded else solo, params=params,
+                                      scale=work.weights[b], solo=None if apart else solo, params=params,
                                       ranks=ranks)
             if guard is not None:
                 evidence.append(guard.combine(params, solo, ranks))
