@@ -72,33 +72,37 @@ class Guard:
 
     def __init__(self, config: GuardConfig):
         self.config, self.trust = config, 1.0
-        self.previous: torch.Tensor | None = None      # the last step's Σ τ·d⊥, flat
-        self._direction: torch.Tensor | None = None    # this step's, so far
+        self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
+        self._direction: list[torch.Tensor] | None = None    # this step's, so far
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks()
                 ) -> dict[str, float]:
         """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0). The evidence:
         agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected.
-        Under FSDP each rank holds its shards of the gradients: the inner products are summed over the ranks."""
-        g_s = torch.cat([local(s if s is not None else torch.zeros_like(p)).reshape(-1) for s, p in zip(solo, params)])
-        g_m = torch.cat([local(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        g_s, d = g_s.double(), (g_m - g_s.to(g_m.dtype)).double()
-        products = [d @ g_s, g_s @ g_s, d @ d] + ([self.previous @ g_s, self.previous @ self.previous]
-                                                 if self.previous is not None else [])
-        dot, ss, dd, *hind = ranks.sum([float(x) for x in products])
+        Parameter by parameter, so that no gradient-sized copy of the whole model is made; the inner products
+        are accumulated in float64. Under FSDP each rank holds its shards of the gradients: the inner products
+        are summed over the ranks."""
+        g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
+        d = [local(p.grad) - g if p.grad is not None else -g for p, g in zip(params, g_s)]
+        products = [_dot(d, g_s), _dot(g_s, g_s), _dot(d, d)]
+        if self.previous is not None:
+            products += [_dot(self.previous, g_s), _dot(self.previous, self.previous)]
+        dot, ss, dd, *hind = ranks.sum(products)
         projected = dot < 0 and ss > 0
-        peer = self.trust * (d - dot / ss * g_s if projected else d)
-        combined = g_s + peer
-        offset = 0
-        for p in params:
-            shard = local(p)
-            piece = combined[offset:offset + shard.numel()].view_as(shard).to(p.dtype)
+        peer = d                                                   # τ·d⊥, made in place of d
+        for p, gp, pp in zip(params, g_s, peer):
+            if projected:
+                pp.sub_(gp, alpha=dot / ss)
+            pp.mul_(self.trust)
             if p.grad is None:
-                p.grad = piece
+                p.grad = gp + pp
             else:
-                local(p.grad).copy_(piece)
-            offset += shard.numel()
-        self._direction = peer if self._direction is None else self._direction + peer
+                local(p.grad).copy_(gp).add_(pp)
+        if self._direction is None:
+            self._direction = peer
+        else:
+            for total, pp in zip(self._direction, peer):
+                total.add_(pp)
         return {"agreement": _cos(dot, ss, dd), "projected": float(projected),
                 "hindsight": _cos(hind[0], ss, hind[1]) if hind else math.nan}
 
@@ -114,10 +118,21 @@ class Guard:
         if "guard_hindsight" in stats:
             eta = self.config.trust_rate
             self.trust = (1 - eta) * self.trust + eta * float(stats["guard_hindsight"] >= 0)
-        if self._direction is not None and ranks.sum([float(self._direction @ self._direction)])[0] > 0:
+        if self._direction is not None and ranks.sum([_dot(self._direction, self._direction)])[0] > 0:
             self.previous = self._direction
         self._direction = None
         return stats
+
+
+def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = 1 << 20) -> float:
+    """Σ_p ⟨a_p, b_p⟩ over the parameters in float64, `chunk` elements at a time (no float64 copy of a whole
+    embedding matrix)."""
+    total = 0.0
+    for x, y in zip(a, b):
+        x, y = x.reshape(-1), y.reshape(-1)
+        for i in range(0, x.numel(), chunk):
+            total += float(torch.dot(x[i:i + chunk].double(), y[i:i + chunk].double()))
+    return total
 
 
 def _cos(dot: float, aa: float, bb: float) -> float:
