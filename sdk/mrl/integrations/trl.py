@@ -37,7 +37,8 @@ goes through that forward before any optimizer step (TRL's condition for skippin
 integration keeps those (each row found by an `mrl_row` column TRL shuffles and splits with the batch) and
 publishes the rollouts when the last row of the step has passed. group_stats, successes and policy_stats go
 right after scoring, before this trainer waits for its peers: what XGRPO and SGT peers wait for is never held
-back; a peer that takes rollouts (the mrl trainer's PRP, HACPO) gets them one loss forward later.
+back; a peer that takes rollouts (the mrl trainer's PRP, HACPO) gets them after the loss forward of the step's
+last micro-batch.
 
 With no sharing (`sharing="none"`), or no peer publishing, the trainer trains exactly as GRPOTrainer: the
 advantages and the loss are TRL's. A peer's claimed reward is never trusted: SGT re-verifies each success with
