@@ -69,6 +69,54 @@ def test_with_no_peer_publishing_the_trl_trainer_is_unchanged(tmp_path, exchange
 
 
 @pytest.mark.slow
+def test_published_behaviour_logprobs_are_the_sampling_weights_log_probs(tmp_path, exchange, run_id):
+    """On TRL's on-policy path (no old_per_token_logps) the rollouts' log-probs come from TRL's loss forward, here
+    over two micro-batches of the shuffled generation batch: token by token they equal log π of the weights that
+    generated them (a no-grad forward of the initial model, TRL's inputs), and they are published by step's end."""
+    import copy
+    import dataclasses
+    from mrl.experience import kind_name
+    from helpers import Collector
+    task = make_task(TASK)
+    model, tokenizer = tiny_policy(seed=3)
+    initial = copy.deepcopy(model)
+    args = dataclasses.replace(grpo_config(str(tmp_path), P=P, G=G, T=T, steps=1), per_device_train_batch_size=G,
+                               gradient_accumulation_steps=P, generation_batch_size=None, steps_per_generation=None)
+
+    class Recording(MutualGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            assert "old_per_token_logps" not in out and out["mrl_row"].tolist() == list(range(P * G))
+            self.generated = {k: out[k].clone() for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                          "completion_mask")}
+            return out
+
+    with ExchangeClient(exchange.target) as client:
+        trainer = Recording(model=model, reward_funcs=task_reward(task, P), args=args, processing_class=tokenizer,
+                            train_dataset=task_dataset(task, tokenizer, P), mutual=Mutual(
+                                exchange=client, run_id=run_id, policy="trl-gpt2", tokenizer_id="gpt2"))
+        torch.manual_seed(0)
+        trainer.train()
+        trainer.close()
+        published = {kind_name(t.topic.kind): t.length for t in client.topic_stats(run_id, producer="trl-gpt2")}
+        reader = client.subscribe(run_id, "reader", kinds=["rollout"], producers=["trl-gpt2"], start="earliest")
+        rollouts = [d.experience.rollout for d in Collector(reader).take(P * G)]
+        reader.close()
+    assert args.steps_per_generation == P and published["rollout"] == P * G
+    assert trainer.mutual_log[0]["published"] == sum(published.values())
+    g = trainer.generated
+    completion, mask = g["completion_ids"], g["completion_mask"].bool()
+    with torch.no_grad():
+        logits = initial(input_ids=torch.cat([g["prompt_ids"], completion], 1),
+                         attention_mask=torch.cat([g["prompt_mask"], g["completion_mask"]], 1)).logits
+    expected = logits[:, -completion.size(1) - 1:-1].log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+    for r in rollouts:
+        row = int(r.group_id.rsplit(".", 1)[1]) * G + r.sample_index
+        assert list(r.token_ids) == completion[row][mask[row]].tolist()
+        assert torch.allclose(torch.tensor(list(r.logprobs)), expected[row][mask[row]], atol=1e-5)
+
+
+@pytest.mark.slow
 def test_sgt_rescues_are_reverified_by_the_trl_reward_function_and_a_poisoned_peer_changes_nothing(
         tmp_path, exchange, align, run_id):
     """Peers in SmolLM2's tokens (THL retokenizes them to GPT-2's): an honest one publishes the right answer of

@@ -16,7 +16,8 @@ run: its P prompts × G completions) goes through `_generate_and_score_completio
 
     publish   rollouts (text, token ids, behaviour log-probs, reward, verdict), group_stats, verified
               successes (reward ≥ success_reward) and policy_stats, under `policy` at version t
-              (mrl.experience.step_experiences: the same kinds and fields as the mrl trainer's)
+              (mrl.experience.step_experiences: the same kinds and fields as the mrl trainer's); the
+              rollouts wait for their log-probs when TRL's loss forward gives them (below)
     peers     with a sharing mode: what the peers published for the same prompt ids, waited for at most
               peer_wait_s (mrl.peers.PeerInbox), their responses retokenized by THL (mrl.peers.Retokenizer)
     xgrpo     the advantages of the prompts the peers scored are replaced by the pooled ones (`pooled_advantages`)
@@ -29,12 +30,20 @@ at its step t when its dataset holds the task's train problems in order, `shuffl
 generation_batch_size / num_generations equals the peers' prompts per step. Step t is the t-th generation
 batch of this trainer (a generation batch feeds steps_per_generation × num_iterations optimizer micro-steps).
 
+Behaviour log-probs cost no forward pass of their own. When TRL computes old_per_token_logps (vLLM, or
+generation out of step with the optimizer), the rollouts carry those and go out with the rest. Otherwise
+TRL's loss uses its own forward's per-token log-probs, detached, as π_old: every row of the generation batch
+goes through that forward before any optimizer step (TRL's condition for skipping old_per_token_logps). The
+integration keeps those (each row found by an `mrl_row` column TRL shuffles and splits with the batch) and
+publishes the rollouts when the last row of the step has passed. group_stats, successes and policy_stats go
+right after scoring, before this trainer waits for its peers: what XGRPO and SGT peers wait for is never held
+back; a peer that takes rollouts (the mrl trainer's PRP, HACPO) gets them after the loss forward of the step's
+last micro-batch.
+
 With no sharing (`sharing="none"`), or no peer publishing, the trainer trains exactly as GRPOTrainer: the
-advantages and the loss are TRL's, and the one extra forward pass that gives the published behaviour
-log-probs (when TRL does not compute old_per_token_logps) runs under torch.no_grad with the RNG state
-restored. A peer's claimed reward is never trusted: SGT re-verifies each success with this trainer's own reward
-functions (TRL's `_calculate_rewards`, the same kwargs and weights as for its own completions). XGRPO pools
-the peers' group rewards as published (it moves only baselines; docs/algorithms.md).
+advantages and the loss are TRL's. A peer's claimed reward is never trusted: SGT re-verifies each success with
+this trainer's own reward functions (TRL's `_calculate_rewards`, the same kwargs and weights as for its own
+completions). XGRPO pools the peers' group rewards as published (it moves only baselines; docs/algorithms.md).
 
 One process (no multi-GPU data parallelism yet), text-only prompts (plain strings or chat messages).
 Statistics go to TRL's own logs under `mrl/` (mrl/published, mrl/peers_complete, mrl/xgrpo_pooled,
@@ -52,7 +61,7 @@ from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
 from mrl.errors import InvalidArgument, Unavailable
-from mrl.experience import Group, Response, step_experiences, validate_name
+from mrl.experience import Group, Response, kind_of, step_experiences, validate_name
 from mrl.peers import Arrived, PeerInbox, Retokenizer
 
 __all__ = ["Mutual", "MutualGRPOTrainer", "SHARING_KINDS", "pooled_advantages", "rescue_nll"]
@@ -160,6 +169,18 @@ class _Rescue:
     divisor: int
 
 
+@dataclass
+class _Pending:
+    """A step's rollouts waiting for their behaviour log-probs from TRL's loss forward (module docstring)."""
+    step: int
+    record: dict               # the step's mutual_log record: "published" counts them once they are sent
+    rollouts: list             # pb.Experience (rollout), logprobs still empty
+    rows: list[int]            # each rollout's row of the generation batch
+    masks: Tensor              # (N, Lc) bool, CPU: the completion tokens
+    logps: Tensor              # (N, Lc) float, CPU: filled as the rows pass through the loss
+    seen: Tensor               # (N,) bool
+
+
 def _text(completion) -> str:
     """A completion's text: a plain string, or the content of its last (assistant) message."""
     return completion if isinstance(completion, str) else completion[-1]["content"]
@@ -201,6 +222,8 @@ class MutualGRPOTrainer(GRPOTrainer):
         self._rollouts_total = 0
         self._scored = None                            # (rewards_per_func, completions) of the last generation
         self._rescue: _Rescue | None = None
+        self._pending: _Pending | None = None          # the rollouts of the last step, until the loss sees its rows
+        self._loss_logps: list[Tensor] | None = None   # while TRL's loss forward runs: where its log-probs go
         self.mutual_log: list[dict] = []               # one record per step (also logged by TRL under mrl/)
 
     def _check(self) -> None:
@@ -219,6 +242,8 @@ class MutualGRPOTrainer(GRPOTrainer):
 
     def close(self) -> None:
         """Stop the subscription to the peers' experience (the exchange client stays the caller's)."""
+        if self._pending is not None:
+            self._abandon("the trainer was closed before TRL's loss saw every row of the step")
         if self._inbox is not None:
             self._inbox.close()
             self._inbox = None
@@ -232,6 +257,8 @@ class MutualGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:                    # evaluation: TRL's, nothing published
             return super()._generate_and_score_completions(inputs)
+        if self._pending is not None:
+            self._abandon("a new generation began before TRL's loss saw every row of the step")
         start = time.perf_counter()
         out = super()._generate_and_score_completions(inputs)
         generate_s = time.perf_counter() - start
@@ -241,7 +268,8 @@ class MutualGRPOTrainer(GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan      # unscorable, as TRL marks them
         G = self.num_generations
         prompt_ids = self._prompt_ids(inputs, G)
-        record = {"step": step, "published": self._publish(step, inputs, out, rewards, completions, generate_s)}
+        record = {"step": step}
+        self._publish(step, inputs, out, rewards, completions, generate_s, record)
         self._rescue = None
         if self._inbox is not None:
             arrived = self._inbox.collect(step, prompt_ids, self.mutual.peer_wait_s)
@@ -252,13 +280,28 @@ class MutualGRPOTrainer(GRPOTrainer):
                 stats = self._sgt(inputs, out, rewards.view(-1, G), arrived, prompt_ids)
             record.update(stats)
         for key, value in record.items():
-            if key != "step":
+            if key not in ("step", "published"):          # published: once the step's rollouts are sent
                 self._metrics["train"][f"mrl/{key}"].append(float(value))
         self.mutual_log.append(record)
         return out
 
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """TRL's; while `_compute_loss` collects them (`_loss_logps`), the log-probs are kept, detached."""
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._loss_logps is not None:
+            self._loss_logps.append(result[0].detach())
+        return result
+
     def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
+        rows = inputs.get("mrl_row") if self._pending is not None else None
+        self._loss_logps = [] if rows is not None else None
+        try:
+            loss = super()._compute_loss(model, inputs)
+            captured = self._loss_logps
+        finally:
+            self._loss_logps = None
+        if rows is not None:
+            self._take_logps(rows, captured[0])          # the loss forward's, TRL's only call in _compute_loss
         if self._rescue is None or not self.model.training:
             return loss
         r = self._rescue
@@ -283,55 +326,87 @@ class MutualGRPOTrainer(GRPOTrainer):
             ids.append(group.pop())
         return ids
 
-    def _behaviour_logps(self, out) -> Tensor:
-        """log π_old(y_t | x, y_<t) of the completions: TRL's old_per_token_logps when it computed them, else one
-        no-grad forward (the same model, which has not been updated since generating), RNG state restored."""
-        if out.get("old_per_token_logps") is not None:
-            return out["old_per_token_logps"]
-        input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        devices = [torch.cuda.current_device()] if input_ids.is_cuda else []
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, out["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size)
-        return logps
-
-    def _publish(self, step: int, inputs, out, rewards: Tensor, completions, generate_s: float) -> int:
-        """Publish the step's four kinds; returns how many experiences were sent. Unscorable completions are left
-        out. An exchange that stays unavailable past the client's retry budget loses the step (logged), as a
-        dead exchange must not stop training; a refusal (token, policy, malformed) raises."""
+    def _publish(self, step: int, inputs, out, rewards: Tensor, completions, generate_s: float, record: dict
+                 ) -> None:
+        """Publish the step's four kinds; record["published"] counts what was sent. Unscorable completions are left
+        out. With TRL's old_per_token_logps everything goes now; without, the rollouts wait in `_pending` for the
+        loss forward's log-probs (module docstring) and `out` gets the `mrl_row` column that finds them. An
+        exchange that stays unavailable past the client's retry budget loses the step (logged; its rollouts are
+        then not sent either), as a dead exchange must not stop training; a refusal (token, policy, malformed)
+        raises."""
         m = self.mutual
         G = self.num_generations
-        logps = self._behaviour_logps(out).float().cpu()
+        old = out.get("old_per_token_logps")
+        logps = None if old is None else old.float().cpu()
         ids, masks = out["completion_ids"].cpu(), out["completion_mask"].bool().cpu()
         flat = rewards.tolist()
-        groups = []
+        groups, rows = [], []
         for p in range(len(inputs) // G):
-            rows = [i for i in range(p * G, (p + 1) * G) if flat[i] == flat[i]]        # NaN ≠ NaN: unscorable
-            if rows:
+            scored = [i for i in range(p * G, (p + 1) * G) if flat[i] == flat[i]]      # NaN ≠ NaN: unscorable
+            if scored:
+                rows += scored
                 groups.append(Group(
                     prompt_id=str(inputs[p * G]["prompt_id"]), prompt_text=_prompt_text(inputs[p * G]["prompt"]),
-                    responses=[Response(_text(completions[i]), ids[i][masks[i]].tolist(), logps[i][masks[i]].tolist())
-                               for i in rows],
-                    rewards=[flat[i] for i in rows], answers=[""] * len(rows)))
-        scored = [r for g in groups for r in g.rewards]
-        if not scored:
-            return 0
-        self._rollouts_total += len(scored)
-        self._batch_rewards = (self._batch_rewards + [sum(scored) / len(scored)])[-m.window:]
-        tokens = int(masks.sum())
+                    responses=[Response(_text(completions[i]), ids[i][masks[i]].tolist(),
+                                        () if logps is None else logps[i][masks[i]].tolist()) for i in scored],
+                    rewards=[flat[i] for i in scored], answers=[""] * len(scored)))
+        record["published"] = 0
+        if not rows:
+            self._finish(record)
+            return
+        self._rollouts_total += len(rows)
+        self._batch_rewards = (self._batch_rewards + [sum(flat[i] for i in rows) / len(rows)])[-m.window:]
         experiences = step_experiences(
             groups, run_id=m.run_id, policy=m.policy, step=step, version=step, tokenizer_id=m.tokenizer_id,
-            batch_rewards=self._batch_rewards, window=m.window, rollouts_per_s=len(scored) / generate_s,
-            tokens_per_s=tokens / generate_s, rollouts_total=self._rollouts_total)
+            batch_rewards=self._batch_rewards, window=m.window, rollouts_per_s=len(rows) / generate_s,
+            tokens_per_s=int(masks.sum()) / generate_s, rollouts_total=self._rollouts_total)
+        later = [e for e in experiences if kind_of(e) == "rollout"] if logps is None else []
+        now = [e for e in experiences if kind_of(e) != "rollout"] if later else experiences
+        if self._send(step, now, f"{len(experiences)} experiences"):
+            record["published"] = len(now)
+        else:
+            later = []                                   # the step is lost
+        if not later:
+            self._finish(record)
+            return
+        self._pending = _Pending(step, record, later, rows, masks, torch.zeros(masks.shape),
+                                 torch.zeros(len(flat), dtype=torch.bool))
+        out["mrl_row"] = torch.arange(len(flat), device=out["completion_ids"].device)
+
+    def _take_logps(self, rows: Tensor, logps: Tensor) -> None:
+        """Rows of the pending step through TRL's loss forward, with its per-token log-probs (the π_old of TRL's
+        loss, before any optimizer step): once every row has passed, the rollouts get theirs and are sent."""
+        p = self._pending
+        rows = rows.cpu()
+        p.logps[rows] = logps.float().cpu()
+        p.seen[rows] = True
+        if not bool(p.seen.all()):
+            return
+        self._pending = None
+        for e, i in zip(p.rollouts, p.rows):
+            e.rollout.logprobs.extend(p.logps[i][p.masks[i]].tolist())
+        if self._send(p.step, p.rollouts, f"{len(p.rollouts)} rollouts"):
+            p.record["published"] += len(p.rollouts)
+        self._finish(p.record)
+
+    def _abandon(self, why: str) -> None:
+        """The pending rollouts will not get their log-probs: they are not published (logged)."""
+        p, self._pending = self._pending, None
+        log.warning("step %d: its %d rollouts are not published: %s", p.step, len(p.rollouts), why)
+        self._finish(p.record)
+
+    def _send(self, step: int, experiences: list, what: str) -> bool:
+        """Publish; False (logged) when the exchange stays unavailable past the client's retry budget."""
         try:
-            m.exchange.publish(experiences)
+            self.mutual.exchange.publish(experiences)
         except Unavailable as exc:
-            log.warning("step %d: the exchange is unavailable, its %d experiences are not published: %s",
-                        step, len(experiences), exc)
-            return 0
-        return len(experiences)
+            log.warning("step %d: the exchange is unavailable, its %s are not published: %s", step, what, exc)
+            return False
+        return True
+
+    def _finish(self, record: dict) -> None:
+        """The step's publishing is done: its count goes to TRL's logs."""
+        self._metrics["train"]["mrl/published"].append(float(record["published"]))
 
     # --- sharing ----------------------------------------------------------------------------------
     def _xgrpo(self, advantages: Tensor, rewards: Tensor, arrived: Arrived, prompt_ids: list[str]
