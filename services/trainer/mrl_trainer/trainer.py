@@ -416,8 +416,8 @@ class Trainer:
         accuracy = sum(correct.values()) / len(correct)
         if self.metrics is not None:
             self.metrics.log(self.state.step, kind="eval", eval_accuracy=accuracy,
-                         eval_prompt_ids=list(correct), eval_correct=list(correct.values()),
-                         rollouts_total=self.state.rollouts_total)
+                             eval_prompt_ids=list(correct), eval_correct=list(correct.values()),
+                             rollouts_total=self.state.rollouts_total)
         return accuracy
 
     def _eval_progress(self, bar) -> None:
