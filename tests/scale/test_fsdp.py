@@ -38,6 +38,7 @@ def assert_same(a: dict, b: dict, atol: float = 1e-5) -> None:
                                        msg=f"{mode}: {name}")
 
 
+@pytest.mark.timeout(480)       # four runs of the worker, two of them under torchrun (about 100 s when quiet)
 def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path):
     single = run_worker(0, tmp_path / "single.pt")
     one = run_worker(1, tmp_path / "one.pt")
@@ -58,6 +59,7 @@ def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path
         assert not torch.equal(initial[mode]["params"]["lm_head.weight"], single[mode]["params"]["lm_head.weight"])
 
 
+@pytest.mark.timeout(360)
 def test_a_sharded_checkpoint_resumes_at_another_world_size(tmp_path):
     mode = ("--modes", "sgt")
     straight = run_worker(0, tmp_path / "straight.pt", "--steps", "2", *mode)       # the run that never stopped

@@ -26,6 +26,7 @@ def trainer_run(config_path, ranks: int, *overrides: str) -> subprocess.Complete
     return subprocess.run(args, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.timeout(480)       # three trainer runs, two under torchrun (about 70 s when quiet)
 def test_a_trainer_under_torchrun_publishes_once_leases_its_gang_and_resumes(tmp_path, start_exchange,
                                                                               start_scheduler, run_id):
     exchange, scheduler = start_exchange(), start_scheduler(slots=2)
