@@ -73,6 +73,7 @@ class Guard:
     def __init__(self, config: GuardConfig):
         self.config, self.trust = config, 1.0
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
+        self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks()
@@ -86,7 +87,7 @@ class Guard:
         d = [local(p.grad) - g if p.grad is not None else -g for p, g in zip(params, g_s)]
         products = [_dot(d, g_s), _dot(g_s, g_s), _dot(d, d)]
         if self.previous is not None:
-            products += [_dot(self.previous, g_s), _dot(self.previous, self.previous)]
+            products.append(_dot(self.previous, g_s))
         dot, ss, dd, *hind = ranks.sum(products)
         projected = dot < 0 and ss > 0
         peer = d                                                   # τ·d⊥, made in place of d
@@ -104,7 +105,7 @@ class Guard:
             for total, pp in zip(self._direction, peer):
                 total.add_(pp)
         return {"agreement": _cos(dot, ss, dd), "projected": float(projected),
-                "hindsight": _cos(hind[0], ss, hind[1]) if hind else math.nan}
+                "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
 
     def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
         """End of a step: τ ← (1 − η)τ + η·1[mean hindsight ≥ 0] (no change without hindsight); this step's
@@ -118,8 +119,10 @@ class Guard:
         if "guard_hindsight" in stats:
             eta = self.config.trust_rate
             self.trust = (1 - eta) * self.trust + eta * float(stats["guard_hindsight"] >= 0)
-        if self._direction is not None and ranks.sum([_dot(self._direction, self._direction)])[0] > 0:
-            self.previous = self._direction
+        if self._direction is not None:
+            ss = ranks.sum([_dot(self._direction, self._direction)])[0]
+            if ss > 0:
+                self.previous, self._previous_ss = self._direction, ss
         self._direction = None
         return stats
 

@@ -157,6 +157,12 @@ def _own_forward(logprobs: LogProbs, work: _Work, g: list[int], old, reference: 
     return logp, logp.detach() if old is None else old[tuple(g)], mask, ref
 
 
+def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, mask, ref, max_tokens: int):
+    """The guard's solo loss of own samples g: own-group advantages, the solo normalisers."""
+    return sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
+                            max_tokens=max_tokens, totals=work.solo_totals)[0]
+
+
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
                 scale: float = 1.0, solo: list | None = None, params: list | None = None,
@@ -179,8 +185,7 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
                                        max_tokens=max_tokens, totals=plan.totals)
         loss_total += _backward(loss, weight, step, retain_graph=separate)
         if separate:
-            solo_loss, _ = sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask,
-                                            ref_logp=ref, max_tokens=max_tokens, totals=work.solo_totals)
+            solo_loss = _solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens)
             grads = torch.autograd.grad(solo_loss * weight, params, allow_unused=True)
             for i, gr in enumerate(grads):
                 if gr is not None:
@@ -209,9 +214,7 @@ def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int,
     for whole in work.own_groups[b]:
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
-        solo_loss, _ = sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
-                                        max_tokens=max_tokens, totals=work.solo_totals)
-        _backward(solo_loss, weight, step)
+        _backward(_solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens), weight, step)
     solo = [None if p.grad is None else local(p.grad).clone() for p in params]
     for p in params:
         p.grad = None
