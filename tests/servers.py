@@ -81,6 +81,21 @@ class RunningScheduler(RunningServer):
         self.settings = SchedulerSettings(redis_url=redis_url, **{**defaults, **overrides})
         super().__init__(lambda: SchedulerServer(self.settings, redis_url))
 
+    def wait_for_watchers(self, count: int = 1, timeout_s: float = 10.0) -> None:
+        """Wait until `count` Watch streams are registered (the `mrl_scheduler_watchers` gauge): a Watch sees
+        events "from now on", so a test that acts before its stream is registered can miss the first ones."""
+        import re
+        import time
+
+        import httpx
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = re.search(r"^mrl_scheduler_watchers (\S+)$", httpx.get(f"{self.admin}/metrics").text, re.M)
+            if found and float(found.group(1)) >= count:
+                return
+            assert time.monotonic() < deadline, f"{count} Watch stream(s) not registered in {timeout_s} s"
+            time.sleep(0.02)
+
 
 @pytest.fixture
 def start_scheduler(redis_url):

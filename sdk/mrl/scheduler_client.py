@@ -5,6 +5,9 @@
         generate(...)                    # CUDA_VISIBLE_DEVICES names the leased GPUs meanwhile
         lease.check()                    # raises LeaseLost once the lease is gone (cheap; optional)
 
+    with scheduler.lease(devices=2, device_ids=["node-0/gpu-2", "node-0/gpu-3"]) as lease:   # pinned
+        ...
+
 `lease()` acquires all the devices at once (waiting in fair-share order), renews the lease in a
 background thread every TTL/3, sets CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES to the
 leased indexes for the block (and restores them after), and releases the lease at the end.
@@ -24,6 +27,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -50,16 +54,19 @@ class SchedulerClient(BlockingClient):
         self.backoff = backoff or Backoff()
 
     def acquire(self, devices: int = 1, phase: str = "rollout", *, min_memory_bytes: int = 0, same_node: bool = True,
-                ttl_s: float = DEFAULT_TTL_S, wait_timeout_s: float | None = None, step_cost: float = 0.0) -> spb.Lease:
+                ttl_s: float = DEFAULT_TTL_S, wait_timeout_s: float | None = None, step_cost: float = 0.0,
+                device_ids: Sequence[str] = ()) -> spb.Lease:
         """All `devices` at once, or DeadlineExceeded after wait_timeout_s (None: wait for as long as it takes,
         one Acquire of the server's default wait after another). Not retried on UNAVAILABLE: a lost reply's
-        lease expires after its TTL."""
+        lease expires after its TTL. `device_ids` pins the lease to exactly those devices, in that order (as
+        many as `devices`; ids as `inventory()` lists them)."""
         deadline = None if wait_timeout_s is None else time.monotonic() + wait_timeout_s
         while True:
             wait_ms = 0 if deadline is None else max(1, round((deadline - time.monotonic()) * 1000))
             req = spb.AcquireRequest(run_id=self.run_id, policy=self.policy, worker=self.worker, phase=phase,
                                      devices=devices, min_memory_bytes=min_memory_bytes, same_node=same_node,
-                                     ttl_ms=int(ttl_s * 1000), wait_timeout_ms=wait_ms, step_cost=step_cost)
+                                     ttl_ms=int(ttl_s * 1000), wait_timeout_ms=wait_ms, step_cost=step_cost,
+                                     device_ids=device_ids)
             try:
                 return call(self._stub.Acquire, req, self._metadata, self.backoff)
             except errors.DeadlineExceeded:

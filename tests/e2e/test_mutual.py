@@ -205,7 +205,7 @@ def test_rollout_and_update_each_run_inside_a_scheduler_lease(tmp_path, start_sc
         watch = admin.watch()
         reader = threading.Thread(target=lambda: events.extend(watch), daemon=True)
         reader.start()
-        time.sleep(0.3)                                   # the Watch stream is open before the step
+        scheduler.wait_for_watchers(1)                    # the Watch stream is open before the step
         trainer = build_trainer(TrainerConfig.model_validate(tiny_config(
             tmp_path, steps=1, scheduler={"target": scheduler.target, "ttl_s": 10})))
         try:

@@ -1,11 +1,15 @@
 """mrl_launcher.experiment: how runs are scheduled (the runs themselves: tests/e2e/test_mutual.py)."""
+import pathlib
 import threading
 import time
 
 import pytest
+import yaml
 
 from mrl_launcher import experiment
 from mrl_launcher.errors import RunFailed
+from mrl_launcher.topology import validate_trainers
+from mrl_trainer.sharing import SHARING_MODES
 
 
 def test_default_parallel_gives_each_trainer_a_core(monkeypatch):
@@ -52,3 +56,15 @@ def test_results_come_back_by_seed_in_mode_order(monkeypatch, tmp_path):
     assert runs == {"s0": {"none": ["0-none-2.jsonl"], "sgt": ["0-sgt-2.jsonl"]},
                     "s1": {"none": ["1-none-2.jsonl"], "sgt": ["1-sgt-2.jsonl"]}}
     assert list(runs["s0"]) == ["none", "sgt"]
+
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize("path", sorted(p for p in EXAMPLES.glob("*.yaml") if "trainers" in yaml.safe_load(p.read_text())),
+                         ids=lambda p: p.name)
+@pytest.mark.parametrize("mode", SHARING_MODES)
+def test_example_topologies_start_valid_trainers_in_every_mode(path, mode):
+    """Each shipped topology's trainers (their files, their `set`) validate as a comparison would start them."""
+    metrics = validate_trainers(yaml.safe_load(path.read_text()), path.parent, {"sharing.mode": mode, "seed": 0})
+    assert len(metrics) >= 1

@@ -1,6 +1,7 @@
 """`mrl trainer run` under torchrun (2 gloo ranks on CPU) over a real exchange and scheduler: rank 0 alone
-publishes (the whole batch, once), takes the peers' experience and holds a gang lease of 2 devices per phase;
-the run resumes from its sharded checkpoint at one rank, and a single process refuses it with a clear error."""
+publishes (the whole batch, once), takes the peers' experience and holds a gang lease per phase of the 2 devices
+its config pins; the run resumes from its sharded checkpoint at one rank, and a single process refuses it with a
+clear error."""
 import json
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def trainer_run(config_path, ranks: int, *overrides: str) -> subprocess.Complete
 @pytest.mark.timeout(480)       # three trainer runs, two under torchrun (about 70 s when quiet)
 def test_a_trainer_under_torchrun_publishes_once_leases_its_gang_and_resumes(tmp_path, start_exchange,
                                                                               start_scheduler, run_id):
-    exchange, scheduler = start_exchange(), start_scheduler(slots=2)
+    exchange, scheduler = start_exchange(), start_scheduler(slots=3)
+    pins = ["node-0/slot-2", "node-0/slot-0"]                       # rank 0's device, rank 1's
     config = tiny_config(tmp_path, run_id=run_id, steps=2, sharing={"mode": "sgt", "coupling": "async"},
                          exchange={"target": exchange.target, "tokenizer_id": "gpt2"},
                          scheduler={"target": scheduler.target, "ttl_s": 10})
@@ -42,15 +44,16 @@ def test_a_trainer_under_torchrun_publishes_once_leases_its_gang_and_resumes(tmp
     with SchedulerClient(scheduler.target) as admin:
         watch = admin.watch()
         threading.Thread(target=lambda: events.extend(watch), daemon=True).start()
-        time.sleep(0.3)
-        proc = trainer_run(path, 2)
+        scheduler.wait_for_watchers(1)
+        proc = trainer_run(path, 2, f"scheduler.device_ids=[{', '.join(pins)}]")
         time.sleep(0.5)
         watch.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1 and summaries[0]["step"] == 2 and summaries[0]["ranks"] == 2   # rank 0 prints
-    granted = [(e.lease.phase, len(e.lease.devices)) for e in events if e.type == spb.LEASE_EVENT_TYPE_GRANTED]
-    assert granted == [("rollout", 2), ("update", 2)] * 2, granted
+    granted = [(e.lease.phase, [d.device_id for d in e.lease.devices]) for e in events
+               if e.type == spb.LEASE_EVENT_TYPE_GRANTED]
+    assert granted == [("rollout", pins), ("update", pins)] * 2, granted
     with ExchangeClient(exchange.target) as client:
         counts = {kind_name(t.topic.kind): t.length for t in client.topic_stats(run_id)}
     assert {k: counts.get(k) for k in ("rollout", "group_stats", "policy_stats")} == \

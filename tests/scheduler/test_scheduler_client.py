@@ -34,6 +34,12 @@ def test_lease_sets_the_devices_renews_and_releases(server, monkeypatch):
         assert c.inventory().leases == [] and not lease.lost.is_set()
 
 
+def test_a_pinned_lease_sets_its_devices_in_its_order(server):
+    with SchedulerClient(server.target, policy="pol-a") as c:
+        with c.lease(devices=2, device_ids=["node-0/slot-3", "node-0/slot-1"]) as lease:
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == lease.cuda_visible_devices == "3,1"
+
+
 def test_a_lost_lease_sets_the_flag_and_raises_at_the_end_of_the_block(server):
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     with SchedulerClient(server.target, policy="pol-a") as c:

@@ -128,6 +128,7 @@ def test_a_killed_holder_loses_its_lease_to_expiry_and_a_watcher_sees_it(start_s
     with SchedulerClient(server.target, policy="observer") as c:
         watch = c.watch("holder")
         threading.Thread(target=lambda: seen.extend(watch), daemon=True).start()
+        server.wait_for_watchers(1)
         holder = subprocess.Popen([sys.executable, str(script), server.target], stdout=subprocess.PIPE, text=True,
                                   env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parent)})
         try:

@@ -183,6 +183,88 @@ async def test_bad_lease_arguments_are_invalid(env, lease_id, token):
         await env.core.release(lease_id, token)
 
 
+# -- pinning: device_ids ----------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_a_pinned_request_gets_exactly_its_devices_in_its_order(env):
+    pinned = await env.submit(devices=3, device_ids=["node-0/slot-3", "node-1/slot-0", "node-0/slot-1"])
+    assert pinned.grant.device_ids == ("node-0/slot-3", "node-1/slot-0", "node-0/slot-1")
+    unpinned = await env.submit(policy="pol-b", devices=2, same_node=True)   # as before: best fit, any devices
+    assert set(unpinned.grant.device_ids) == {"node-0/slot-0", "node-0/slot-2"}
+
+
+@pytest.mark.asyncio
+async def test_a_pinned_request_waits_while_one_of_its_devices_is_leased(env):
+    holder = (await env.submit(devices=1, device_ids=["node-0/slot-2"])).grant
+    pinned = await env.submit(policy="pol-b", devices=2, device_ids=["node-0/slot-1", "node-0/slot-2"])
+    assert pinned.grant is None
+    assert (await env.core.queue())[0]["device_ids"] == ["node-0/slot-1", "node-0/slot-2"]
+    other = await env.submit(policy="pol-c", devices=2, same_node=True)   # not onto the free pinned slot-1
+    assert other.grant and "node-0/slot-1" not in other.grant.device_ids
+    _, passed = await env.core.release(holder.lease_id, holder.fencing_token)
+    assert [(g.lease_id, g.device_ids) for g in passed.grants] == [
+        (pinned.request_id, ("node-0/slot-1", "node-0/slot-2"))]
+
+
+@pytest.mark.asyncio
+async def test_pinned_requests_waiting_for_one_device_are_granted_in_fair_share_order(env):
+    slot = ["node-0/slot-0"]
+    held = (await env.submit(policy="pol-c", device_ids=slot)).grant
+    a1 = (await env.submit(policy="pol-a", worker="a1", device_ids=slot)).request_id
+    a2 = (await env.submit(policy="pol-a", worker="a2", device_ids=slot)).request_id
+    env.clock.now_ms += 10
+    b1 = (await env.submit(policy="pol-b", worker="b1", device_ids=slot)).request_id
+    order = []
+    for _ in range(3):
+        env.clock.now_ms += 1000
+        (granted,) = (await env.core.release(held.lease_id, held.fencing_token))[1].grants
+        order.append(granted.lease_id)
+        held = granted
+    assert order == [a1, b1, a2]     # pol-a has used the device once: pol-b comes before pol-a's second request
+
+
+@pytest.mark.asyncio
+async def test_a_pinned_request_is_refused_when_its_device_leaves(env):
+    holder = (await env.submit(devices=2, device_ids=["node-1/slot-0", "node-1/slot-1"])).grant
+    waiting = await env.submit(policy="pol-b", device_ids=["node-1/slot-1"])
+    _, refused, _ = await env.core.register("node-1", slot_devices("node-1", 1, 80 * GiB))
+    assert refused == 1 and ("revoked", holder.lease_id) in await env.events()
+    state, _, why = await env.core.status(waiting.request_id)
+    assert state == "refused" and "node-1/slot-1" in why and "not in the inventory" in why
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"device_ids": ["node-0/slot-9"]}, r"pins node-0/slot-9, which is not in the inventory \(node-0 has "
+                                        r"node-0/slot-0, node-0/slot-1, node-0/slot-2, node-0/slot-3\)"),
+    ({"device_ids": ["node-7/gpu-0"]}, r"pins node-7/gpu-0, which is not in the inventory \(no node node-7; "
+                                       r"the nodes are node-0, node-1\)"),
+    ({"device_ids": ["node-1/slot-0", "node-0/slot-0"], "devices": 2, "min_memory_bytes": 20 * GiB},
+     r"pins node-0/slot-0, which has 17179869184 bytes, less than min_memory_bytes 21474836480"),
+], ids=["unknown-device", "unknown-node", "too-small"])
+@pytest.mark.asyncio
+async def test_impossible_pinned_requests_are_refused_at_once_naming_what_there_is(env, kw, says):
+    with pytest.raises(FailedPrecondition, match=says):
+        await env.submit(**kw)
+    assert (await env.core.inventory()).queued == 0
+
+
+BAD_PINS = [
+    ({"devices": 1, "device_ids": ["node-0/slot-0", "node-0/slot-1"]},
+     r"devices \(1\) must equal the number of device_ids \(2\)"),
+    ({"devices": 2, "device_ids": ["node-0/slot-1", "node-0/slot-1"]}, "device_ids names 'node-0/slot-1' twice"),
+    ({"devices": 1, "device_ids": ["slot-1"]}, "device_ids: 'slot-1' is not a device id"),
+    ({"devices": 1, "device_ids": ["node-0/slot 1"]}, "device_ids: 'node-0/slot 1' is not a device id"),
+    ({"devices": 2, "device_ids": ["node-0/slot-0", "node-1/slot-0"], "same_node": True},
+     "device_ids are on 2 nodes but same_node is set"),
+]
+
+
+@pytest.mark.parametrize("kw, says", BAD_PINS, ids=["count", "duplicate", "no-node", "space", "same-node"])
+@pytest.mark.asyncio
+async def test_bad_pins_are_invalid_arguments(env, kw, says):
+    with pytest.raises(InvalidArgument, match=says):
+        env.core.check(spb.AcquireRequest(run_id="run-1", policy="pol-a", worker="w0", phase="rollout", **kw))
+
+
 @pytest.mark.asyncio
 async def test_fifo_within_a_policy(env):
     holders = [(await env.submit(devices=4, same_node=True)).grant, (await env.submit(devices=2)).grant]

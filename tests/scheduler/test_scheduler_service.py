@@ -74,6 +74,7 @@ def test_acquire_waits_for_a_release_and_watch_sees_both(start_scheduler):
     with client(server) as a, client(server, "policy-b") as b:
         watch = a.watch()
         watcher = events_of(watch, seen)
+        server.wait_for_watchers(1)
         held = a.acquire(2)
         got, seconds = hand_over(a, held, b, 2)
         assert seconds < 1.0  # woken by the release, not by a poll
@@ -105,16 +106,40 @@ def test_an_impossible_request_fails_at_once_naming_the_inventory(start_schedule
             c.acquire(5, same_node=True, wait_timeout_s=30)
         assert time.monotonic() - start < 1
         assert len(c.acquire(5, same_node=False).devices) == 5
+        with pytest.raises(errors.FailedPrecondition, match=r"pins node-0/slot-9, which is not in the inventory "
+                                                            r"\(node-0 has node-0/slot-0, .*node-0/slot-3\)"):
+            c.acquire(1, device_ids=["node-0/slot-9"], wait_timeout_s=30)
+
+
+def test_a_pinned_acquire_gets_exactly_its_devices_and_waits_while_one_is_leased(start_scheduler):
+    server = start_scheduler(slots=4)
+    pins = ["node-0/slot-2", "node-0/slot-0"]
+    with client(server) as a, client(server, "policy-b") as b, client(server, "policy-c") as c, \
+            httpx.Client(base_url=server.admin, timeout=10) as http:
+        held = a.acquire(1, device_ids=["node-0/slot-2"])
+        assert [d.device_id for d in held.devices] == ["node-0/slot-2"]
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(b.acquire(2, device_ids=pins, wait_timeout_s=10)))
+        waiter.start()
+        wait_for(lambda: http.get("/v1/queue").json()["queue"])
+        assert http.get("/v1/queue").json()["queue"][0]["device_ids"] == pins
+        other = c.acquire(2, wait_timeout_s=1)             # the free devices that b does not name
+        assert {d.device_id for d in other.devices} == {"node-0/slot-1", "node-0/slot-3"}
+        a.release(held)
+        waiter.join(10)
+        assert got and [d.device_id for d in got[0].devices] == pins
 
 
 BAD_ACQUIRES = [
     ({"devices": 0}, "devices"), ({"step_cost": math.nan}, "step_cost"), ({"step_cost": -math.inf}, "step_cost"),
     ({"policy": ""}, "policy"), ({"worker": "w" * 65}, "worker"), ({"run_id": "a:b"}, "run_id"),
     ({"ttl_ms": 1}, "ttl_ms"), ({"wait_timeout_ms": 4_000_000}, "wait_timeout_ms"),
+    ({"device_ids": ["node-0/slot-0", "node-0/slot-1"]}, "devices (1) must equal the number of device_ids (2)"),
+    ({"devices": 2, "device_ids": ["node-0/slot-0", "node-0/slot-0"]}, "device_ids names 'node-0/slot-0' twice"),
 ]
 
 
-@pytest.mark.parametrize("fields, named", BAD_ACQUIRES, ids=[n for _, n in BAD_ACQUIRES])
+@pytest.mark.parametrize("fields, named", BAD_ACQUIRES, ids=[n[:20] for _, n in BAD_ACQUIRES])
 def test_bad_acquire_is_invalid_argument(start_scheduler, fields, named):
     server = start_scheduler(slots=1)
     req = {"run_id": "run-1", "policy": "policy-a", "worker": "w", "phase": "rollout", "devices": 1, **fields}

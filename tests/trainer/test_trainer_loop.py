@@ -21,7 +21,7 @@ from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.metrics import read_metrics
 from mrl_trainer.outbox import Outbox
-from mrl_trainer.policy import ModelSpec, load_policy, prompt_ids
+from mrl_trainer.policy import ModelSpec, forward_dtype, load_policy, prompt_ids
 from mrl_trainer.rollout import SamplingParams
 from mrl_trainer.rollout.hf import HFEngine
 from mrl_trainer.trainer import Trainer, build_trainer
@@ -86,6 +86,25 @@ def test_micro_batched_update_equals_the_full_batch_update(tmp_path):
         trainer.close()
     # float32 sums in another order: equal to 1e-5 of the largest component (seen: 4e-7 of 0.08)
     assert (grads[0] - grads[1]).abs().max() <= 1e-5 * grads[0].abs().max()
+
+
+def test_mixed_precision_keeps_float32_weights_and_runs_the_forwards_in_bfloat16(tmp_path):
+    """model.autocast (auto: bfloat16 on a GPU, here asked for on the CPU): weights and optimizer state stay
+    float32, while the rollout's and the update's forwards compute in bfloat16."""
+    assert forward_dtype(ModelSpec(source="config", tokenizer=GPT2, architecture=TINY), torch.device("cpu")) is None
+    trainer = build_trainer(TrainerConfig.model_validate(tiny_config(tmp_path, **{"model.autocast": "bfloat16"})))
+    seen = []
+    trainer.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    batch = trainer.rollout(0)
+    batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    before = [p.detach().clone() for p in trainer.params]
+    stats = trainer.update(batch)
+    trainer.close()
+    assert "skipped" not in stats and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in trainer.params)
+    assert all(s.dtype == torch.float32 for group in trainer.optimizer.state.values() for s in group.values()
+               if torch.is_tensor(s) and s.dim() > 0)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))
 
 
 def test_mini_batches_step_on_k_times_their_share_of_the_whole_step_loss(tmp_path):
@@ -183,6 +202,8 @@ def test_sigterm_finishes_the_step_and_checkpoints(tmp_path):
     ({"loss.aggregation": "mean"}, "aggregation"),
     ({"task.family": "chess"}, "chess"),
     ({"policy": "bad name!"}, "policy"),
+    ({"scheduler": {"target": "127.0.0.1:1", "device_ids": ["node-0/gpu-0", "node-0/gpu-1"]}},
+     "scheduler.device_ids lists 2 device(s) but scheduler.devices is 1"),
 ])
 def test_bad_config_is_a_clear_error_with_exit_code_2(tmp_path, overrides, message):
     done = _mrl("trainer", "run", str(write_config(tmp_path, **overrides)))

@@ -42,7 +42,7 @@ class Device(_message.Message):
     def __init__(self, device_id: _Optional[str] = ..., node: _Optional[str] = ..., index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., lease_id: _Optional[str] = ..., leased: _Optional[bool] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("run_id", "policy", "worker", "phase", "devices", "min_memory_bytes", "same_node", "ttl_ms", "wait_timeout_ms", "step_cost")
+    __slots__ = ("run_id", "policy", "worker", "phase", "devices", "min_memory_bytes", "same_node", "ttl_ms", "wait_timeout_ms", "step_cost", "device_ids")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class AcquireRequest(_message.Message):
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     STEP_COST_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy: str
     worker: str
@@ -63,7 +64,8 @@ class AcquireRequest(_message.Message):
     ttl_ms: int
     wait_timeout_ms: int
     step_cost: float
-    def __init__(self, run_id: _Optional[str] = ..., policy: _Optional[str] = ..., worker: _Optional[str] = ..., phase: _Optional[str] = ..., devices: _Optional[int] = ..., min_memory_bytes: _Optional[int] = ..., same_node: _Optional[bool] = ..., ttl_ms: _Optional[int] = ..., wait_timeout_ms: _Optional[int] = ..., step_cost: _Optional[float] = ...) -> None: ...
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., policy: _Optional[str] = ..., worker: _Optional[str] = ..., phase: _Optional[str] = ..., devices: _Optional[int] = ..., min_memory_bytes: _Optional[int] = ..., same_node: _Optional[bool] = ..., ttl_ms: _Optional[int] = ..., wait_timeout_ms: _Optional[int] = ..., step_cost: _Optional[float] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "fencing_token", "devices", "expires_at", "policy", "worker", "phase")

@@ -164,7 +164,8 @@ class Dispatcher:
                                   f"replica stalled for request_liveness_s={self.settings.request_liveness_s:g}), "
                                   f"so it was dropped; Acquire again")
             if state in ("cancelled", "gone"):
-                raise DeadlineExceeded(f"no {r.devices} device(s) for {r.policy!r} ({r.phase}) within "
+                wanted = ", ".join(r.device_ids) or f"{r.devices} device(s)"
+                raise DeadlineExceeded(f"no {wanted} for {r.policy!r} ({r.phase}) within "
                                        f"wait_timeout_ms={r.wait_ms}: the devices are busy; Acquire again to "
                                        f"keep waiting")
 

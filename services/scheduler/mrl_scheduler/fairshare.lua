@@ -61,19 +61,43 @@ local function usable(nd, h, R)
   return u
 end
 
-local function take(nd, h, R, want)
+-- Up to `want` free devices of node nd for which ok(d) holds, taken out of F.
+local function take(nd, want, ok)
   local out, keep = {}, {}
   for _, d in ipairs(members(nd)) do
-    if #out < want and fits_memory(d, h.m) and not (R and R.d[d]) then out[#out + 1] = d else keep[#keep + 1] = d end
+    if #out < want and ok(d) then out[#out + 1] = d else keep[#keep + 1] = d end
   end
   F.members[nd], F.n[nd], F.total = keep, F.n[nd] - #out, F.total - #out
   return out
 end
 
--- Devices for h outside R, or nil. One node: best fit (the fullest node that fits, which keeps
--- large holes for large gangs). Several nodes: fewest nodes (the emptiest first).
+local function fits(h, R) return function(d) return fits_memory(d, h.m) and not (R and R.d[d]) end end
+
+-- Which of the devices a pinned request names are free (a set).
+local function free_pins(h)
+  local named, free = {}, {}
+  for _, d in ipairs(h.pin) do named[d] = true end
+  for nd, _ in pairs(by_node(h.pin)) do
+    for _, d in ipairs(members(nd) or {}) do if named[d] then free[d] = true end end
+  end
+  return free
+end
+
+-- A pinned request's devices, in its order, when every one is free and outside R; else nil.
+local function pick_pins(h, R)
+  local free = free_pins(h)
+  for _, d in ipairs(h.pin) do
+    if not free[d] or (R and R.d[d]) then return nil end
+  end
+  for nd, ds in pairs(by_node(h.pin)) do take(nd, #ds, function(d) return free[d] end) end
+  return h.pin
+end
+
+-- Devices for h outside R, or nil. Pinned: its own. One node: best fit (the fullest node that fits,
+-- which keeps large holes for large gangs). Several nodes: fewest nodes (the emptiest first).
 local function pick(h, R)
   if h.k > F.total then return nil end
+  if h.pin then return pick_pins(h, R) end
   if h.s or h.k == 1 then
     local best, bu = nil, nil
     for nd, c in pairs(F.n) do
@@ -82,7 +106,7 @@ local function pick(h, R)
         if u >= h.k and (bu == nil or u < bu or (u == bu and nd < best)) then best, bu = nd, u end
       end
     end
-    return best and take(best, h, R, h.k) or nil
+    return best and take(best, h.k, fits(h, R)) or nil
   end
   local list, sum = {}, 0
   for nd, c in pairs(F.n) do
@@ -96,7 +120,7 @@ local function pick(h, R)
   local out = {}
   for _, e in ipairs(list) do
     if #out >= h.k then break end
-    for _, d in ipairs(take(e[1], h, R, h.k - #out)) do out[#out + 1] = d end
+    for _, d in ipairs(take(e[1], h.k - #out, fits(h, R))) do out[#out + 1] = d end
   end
   return out
 end
@@ -123,19 +147,31 @@ local function choose_node(h, R)  -- the node with the most free devices h may u
   return nil
 end
 
-local function reserve(h, R)
-  local m = memo.resv[h.rid]
-  if not m then
-    local v = redis.call('HGET', key('resv'), h.rid)
-    local f = v and split(v) or {}
-    m = {nd = f[1], sh = num(f[2], nil)}
-    memo.resv[h.rid] = m
+-- A pinned request reserves those of its devices that are free and not reserved ahead of it; its shadow
+-- is when the last of its leased devices is expected to end (one reserved ahead counts as free now, which
+-- only makes backfills more careful). Returns its node ('*': several) and the shadow.
+local function reserve_pins(h, R)
+  local free, nd, shadow = free_pins(h), node_of(h.pin[1]), NOW
+  for _, d in ipairs(h.pin) do
+    local n = node_of(d)
+    if n ~= nd then nd = '*' end
+    if not free[d] then
+      shadow = math.max(shadow, num(redis.call('ZSCORE', key('ends:' .. n), d), NOW))
+    elseif not R.d[d] then
+      R.d[d], R.n[n] = true, (R.n[n] or 0) + 1
+    end
   end
-  local scope, old = nil, {m.nd, m.sh}
+  return nd, shadow
+end
+
+-- The node a request of k devices reserves on, with the devices it will take there, and its shadow; nil
+-- when it finds no node (see above).
+local function reserve_node(h, R, m)
+  local scope
   if h.s or h.k == 1 then
     if not m.nd or node_capacity(m.nd, h) < h.k or R.nodes[m.nd] then
       m.nd, m.sh, m.ends = choose_node(h, R), nil, nil
-      if not m.nd then return false end
+      if not m.nd then return nil end
     end
     R.nodes[m.nd] = true
     scope = {m.nd}
@@ -152,23 +188,36 @@ local function reserve(h, R)
       end
     end
   end
-  local need, shadow = h.k - got, nil
+  local need = h.k - got
   if #scope == 1 and h.m == 0 then  -- the need-th smallest expected end on the node, read directly
     local e = need > 0 and redis.call('ZRANGE', key('ends:' .. scope[1]), need - 1, need - 1, 'WITHSCORES') or {}
-    shadow = e[2] and math.max(NOW, tonumber(e[2])) or NOW
-  else
-    if not m.ends then  -- expected ends of the busy devices in scope with enough memory, once a pass
-      m.ends = {}
-      for _, n in ipairs(scope) do
-        local e = redis.call('ZRANGE', key('ends:' .. n), 0, -1, 'WITHSCORES')
-        for i = 1, #e, 2 do
-          if fits_memory(e[i], h.m) then m.ends[#m.ends + 1] = math.max(NOW, tonumber(e[i + 1])) end
-        end
-      end
-      table.sort(m.ends)
-    end
-    shadow = m.ends[need] or NOW
+    return m.nd, e[2] and math.max(NOW, tonumber(e[2])) or NOW
   end
+  if not m.ends then  -- expected ends of the busy devices in scope with enough memory, once a pass
+    m.ends = {}
+    for _, n in ipairs(scope) do
+      local e = redis.call('ZRANGE', key('ends:' .. n), 0, -1, 'WITHSCORES')
+      for i = 1, #e, 2 do
+        if fits_memory(e[i], h.m) then m.ends[#m.ends + 1] = math.max(NOW, tonumber(e[i + 1])) end
+      end
+    end
+    table.sort(m.ends)
+  end
+  return m.nd, m.ends[need] or NOW
+end
+
+local function reserve(h, R)
+  local m = memo.resv[h.rid]
+  if not m then
+    local v = redis.call('HGET', key('resv'), h.rid)
+    local f = v and split(v) or {}
+    m = {nd = f[1], sh = num(f[2], nil)}
+    memo.resv[h.rid] = m
+  end
+  local old, nd, shadow = {m.nd, m.sh}, nil, nil
+  if h.pin then nd, shadow = reserve_pins(h, R) else nd, shadow = reserve_node(h, R, m) end
+  if not nd then return false end
+  m.nd = nd
   m.sh = (m.sh and math.min(m.sh, shadow)) or shadow
   if m.nd ~= old[1] or m.sh ~= old[2] then redis.call('HSET', key('resv'), h.rid, m.nd .. ' ' .. fmt(m.sh)) end
   R.shadow, R.strict = math.min(R.shadow, m.sh + SLACK * estimate(h)), math.min(R.strict, m.sh)

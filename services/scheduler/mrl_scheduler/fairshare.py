@@ -47,6 +47,11 @@ its key falls without bound, so every request reaches the front.
 Gang placement. A request takes all its devices at once or none (no hold-and-wait, hence no
 deadlock). One node: best fit, the fullest node that fits. Several nodes: fewest nodes.
 
+Pinning. A request that names its devices (`device_ids`) is granted exactly those, once every one
+is free and none is reserved by a request ahead of it; it competes in the same order as any
+other. While it waits it reserves those of its devices that are free, and its shadow time is when
+the last of the others is expected to end.
+
 Reservation and backfill (EASY backfilling with the estimates above). Going down the order, each
 request that does not fit reserves the free devices it will take, on one node it keeps while it
 waits and that no request ahead of it reserved this pass; its shadow time is when enough busy
@@ -65,8 +70,9 @@ backfills only where it delays no reservation (or by at most slack·est_r, which
 on small clusters), and a policy at its share cannot take the scattered free devices that an
 under-served gang waits to see gather on a node (on a large cluster that would starve gangs).
 
-A request no inventory can ever satisfy is refused at submission (and queued ones are refused when
-a node leaves).
+A request no inventory can ever satisfy (a pinned one: a device it names is not registered, or has
+less memory than it asks for) is refused at submission (and queued ones are refused when a node
+leaves or changes).
 """
 from collections.abc import Mapping, Sequence
 

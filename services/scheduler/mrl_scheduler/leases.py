@@ -19,12 +19,13 @@ Keys (prefix `mrl:sched:{ns}:`; the braces are a Redis Cluster hash tag, one slo
     ended:<id>          tombstone of an ended lease: "token why policy run at detail" (tabs), kept
                         tombstone_s
     fence               the fencing-token counter (INCR: strictly increasing across all grants)
-    q:<p>  heads        policy p's FIFO of entries "rid k m same ttl enqueued phase worker run";
-                        hash policy -> its first entry (the policies with waiting requests)
+    q:<p>  heads        policy p's FIFO of entries "rid k m same ttl enqueued phase worker run [pins]" (pins:
+                        the pinned device ids, comma-separated); hash policy -> its first entry (the policies
+                        with waiting requests)
     req:<rid>  reqdl    a waiting request's policy and entry; zset rid -> its liveness deadline, which the
                         replica serving its Acquire keeps pushing forward (`tick`); a request past it is
                         dropped before any grant (its replica died)
-    resv                hash rid -> "node shadow" of a waiting request's reservation
+    resv                hash rid -> "node shadow" of a waiting request's reservation (node '*': several)
                         (fairshare.py)
     pstate              hash per policy p: p|vt, p|adv, p|wt, p|held, p|usage, p|est|<phase>, and
                         p|back, p|backk (until when p is expected back after a release, with how many
@@ -42,6 +43,7 @@ import dataclasses
 import hashlib
 import math
 import pathlib
+import re
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -65,6 +67,7 @@ LUA = "\n".join(pathlib.Path(__file__).with_name(name).read_text()
                 for name in ("scheduler.lua", "fairshare.lua", "ops.lua"))
 EVENT_FIELDS = ("t", "id", "p", "w", "ph", "r", "tok", "d", "x", "at", "why")
 MIN_TTL_MS = 10
+DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # node/name
 
 
 def namespace_prefix(namespace: str) -> str:
@@ -84,6 +87,7 @@ class Request:
     ttl_ms: int
     wait_ms: int
     weight: float
+    device_ids: tuple[str, ...] = ()  # pinned: the lease is exactly these (empty: any that fit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +193,8 @@ class Scheduler:
         s = self.settings
         for what in ("run_id", "policy", "worker", "phase"):
             experience.validate_name(what, getattr(req, what))
+        if req.device_ids:
+            self._check_pins(req)
         if not 1 <= req.devices <= s.max_devices:
             raise InvalidArgument(f"devices ({req.devices}) must be 1-{s.max_devices}")
         if not (math.isfinite(req.step_cost) and 0 <= req.step_cost <= s.max_step_cost):
@@ -203,7 +209,28 @@ class Scheduler:
             raise InvalidArgument(f"wait_timeout_ms ({wait_ms}) must be <= {int(s.max_wait_s * 1000)} "
                                   f"(MRL_MAX_WAIT_S); wait again after DEADLINE_EXCEEDED to wait longer")
         return Request(req.run_id, req.policy, req.worker, req.phase, req.devices, req.min_memory_bytes,
-                       req.same_node, ttl_ms, wait_ms, weight_of(req.policy, req.step_cost, s.weights))
+                       req.same_node, ttl_ms, wait_ms, weight_of(req.policy, req.step_cost, s.weights),
+                       tuple(req.device_ids))
+
+    @staticmethod
+    def _check_pins(req: spb.AcquireRequest) -> None:
+        """device_ids: as many as `devices`, each a device id once, on one node with same_node."""
+        ids = list(req.device_ids)
+        if len(ids) != req.devices:
+            raise InvalidArgument(f"devices ({req.devices}) must equal the number of device_ids ({len(ids)}): a "
+                                  f"pinned lease is exactly those devices")
+        seen = set()
+        for d in ids:
+            if not DEVICE_ID.fullmatch(d):
+                raise InvalidArgument(f"device_ids: {d!r} is not a device id: node/name as Inventory lists them, "
+                                      f"e.g. node-0/gpu-2")
+            if d in seen:
+                raise InvalidArgument(f"device_ids names {d!r} twice: name each device once")
+            seen.add(d)
+        nodes = {d.partition("/")[0] for d in ids}
+        if req.same_node and len(nodes) > 1:
+            raise InvalidArgument(f"device_ids are on {len(nodes)} nodes but same_node is set: pin devices of one "
+                                  f"node, or unset same_node")
 
     async def submit(self, r: Request, request_id: str | None = None) -> Submitted:
         """Queue `r` and run a pass: granted at once, or waiting (see `status`, `cancel`) for as long as `tick`
@@ -215,10 +242,9 @@ class Scheduler:
         status, passed = await self._call(
             "submit", rid, r.policy, r.worker, r.phase, r.run_id, r.devices, r.min_memory_bytes, int(r.same_node),
             r.ttl_ms, self._liveness_ms, repr(r.weight), self.settings.max_queue,
-            self.settings.max_queue_per_policy)
+            self.settings.max_queue_per_policy, ",".join(r.device_ids))
         if status[0] == "impossible":
-            raise FailedPrecondition(f"request of {r.policy!r} can never be granted: it {status[1]}; ask for "
-                                     f"fewer devices or less memory, or register more")
+            raise FailedPrecondition(f"request of {r.policy!r} can never be granted: it {status[1]}")
         if status[0] == "full":
             raise ResourceExhausted(f"{self.settings.max_queue} requests wait already (MRL_MAX_QUEUE); retry later")
         if status[0] == "full_policy":
@@ -361,10 +387,12 @@ class Scheduler:
             entries = [e.split() for e in await redis_call(self.redis.lrange(self.key(f"q:{p}"), 0, limit - 1))]
             reserved = await redis_call(self.redis.hmget(self.key("resv"), [e[0] for e in entries])) \
                 if entries else []
-            for i, ((rid, k, m, same, _, enq, phase, worker, run_id), rn) in enumerate(zip(entries, reserved)):
+            for i, (e, rn) in enumerate(zip(entries, reserved)):
+                rid, k, m, same, _, enq, phase, worker, run_id, *pins = e
                 out.append({"request_id": rid, "policy": p, "position": i, "worker": worker, "phase": phase,
                             "run_id": run_id, "devices": int(k), "min_memory_bytes": int(m), "same_node": same == "1",
-                            "enqueued_ms": int(enq), "reserved_node": rn.split()[0] if rn else None})
+                            "device_ids": pins[0].split(",") if pins else [], "enqueued_ms": int(enq),
+                            "reserved_node": rn.split()[0] if rn else None})
         return out
 
     async def policy_state(self) -> dict[str, dict[str, float]]:

@@ -50,10 +50,11 @@ if OP == 'register' then
 elseif OP == 'submit' then
   -- ARGV[A..]: rid, policy, worker, phase, run, devices, min memory, same node (0/1), ttl ms,
   -- liveness ms (the request is dropped that long after now unless a tick keeps it alive), weight,
-  -- most queued, most queued of one policy
+  -- most queued, most queued of one policy, pinned device ids (comma-separated; '': none)
   local rid, p = ARGV[A], ARGV[A + 1]
-  local entry = table.concat({rid, ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8], NOW, ARGV[A + 3],
-                              ARGV[A + 2], ARGV[A + 4]}, ' ')
+  local fields = {rid, ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8], NOW, ARGV[A + 3], ARGV[A + 2], ARGV[A + 4]}
+  if ARGV[A + 13] ~= '' then fields[10] = ARGV[A + 13] end
+  local entry = table.concat(fields, ' ')
   local ok, why = possible(parse(entry, p))
   if not ok then return {{'impossible', why}, {}} end
   drop_abandoned()   -- requests nobody keeps alive do not count against the queue caps

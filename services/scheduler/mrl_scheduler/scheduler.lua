@@ -159,12 +159,39 @@ local function recompute_capacity()
   end
 end
 
+local function listing(names)  -- sorted, the first 16, for a message
+  table.sort(names)
+  if #names == 0 then return 'none' end
+  if #names <= 16 then return table.concat(names, ', ') end
+  return table.concat(names, ', ', 1, 16) .. ', ... (' .. #names .. ' in all)'
+end
+
+-- Whether the inventory can ever grant h, and why not: a pinned request needs every device it names,
+-- each with >= m bytes; any other, k devices with >= m bytes (on one node with same_node).
 local function possible(h)
+  for _, d in ipairs(h.pin or {}) do
+    local nd = node_of(d)
+    local mem = redis.call('HGET', key('node:' .. nd), d)
+    if not mem then
+      local there = redis.call('HKEYS', key('node:' .. nd))
+      local known = nd .. ' has ' .. listing(there)
+      if #there == 0 then
+        known = 'no node ' .. nd .. '; the nodes are ' .. listing(redis.call('SMEMBERS', key('nodes')))
+      end
+      return false, 'pins ' .. d .. ', which is not in the inventory (' .. known .. '); pin devices that ' ..
+        'Inventory lists'
+    end
+    if tonumber(mem) < h.m then
+      return false, 'pins ' .. d .. ', which has ' .. mem .. ' bytes, less than min_memory_bytes ' .. h.m ..
+        '; pin larger devices or ask for less memory'
+    end
+  end
+  if h.pin then return true, '' end
   local total, most, where = capacity(h.m)
   local ok = total >= h.k and (not h.s or most >= h.k)
   return ok, 'asks for ' .. h.k .. ' device(s) with >= ' .. h.m .. ' bytes' .. (h.s and ' on one node' or '') ..
     '; the inventory has ' .. total .. ' such device(s), at most ' .. most .. ' on one node' ..
-    (where ~= '' and (' (' .. where .. ')') or '')
+    (where ~= '' and (' (' .. where .. ')') or '') .. '; ask for fewer devices or less memory, or register more'
 end
 
 -- -- leases ------------------------------------------------------------------------------------
@@ -212,15 +239,20 @@ local function end_lease(id, why, detail, gone)
 end
 
 -- -- requests ----------------------------------------------------------------------------------
--- A queued request is the entry "rid k m s ttl enq phase worker run" in its policy's FIFO q:<p>;
+-- A queued request is the entry "rid k m s ttl enq phase worker run [pins]" in its policy's FIFO q:<p>
+-- (pins: the device ids it is pinned to, comma-separated, in order; none: any devices);
 -- heads holds p -> its first entry (a policy with waiting requests has one); req:<rid> holds p,
 -- the entry and, once refused, st and why; resv holds rid -> "node shadow" of its reservation
--- (node '*': any nodes).
+-- (node '*': any nodes, or a pinned request's several).
 local function parse(entry, p)
   if not entry then return nil end
-  local f = split(entry)
+  local f, pin = split(entry), nil
+  if f[10] then
+    pin = {}
+    for d in string.gmatch(f[10], '[^,]+') do pin[#pin + 1] = d end
+  end
   return {rid = f[1], k = tonumber(f[2]), m = tonumber(f[3]), s = f[4] == '1', ttl = tonumber(f[5]),
-          enq = tonumber(f[6]), ph = f[7], w = f[8], r = f[9], p = p, e = entry}
+          enq = tonumber(f[6]), ph = f[7], w = f[8], r = f[9], pin = pin, p = p, e = entry}
 end
 
 local function set_head(p)

@@ -110,6 +110,11 @@ class SchedulerConfig(_Section):
     ttl_s: float = Field(30.0, gt=0, le=3600, description="Lease TTL; renewed every TTL/3 while held.")
     step_cost: float = Field(0.0, ge=0, description="Declared cost per step: the fair-share weight unless the "
                                                    "scheduler's MRL_WEIGHTS names this policy.")
+    device_ids: list[str] | None = Field(None, min_length=1, description="Pin every lease to these devices (ids as "
+                                         "the scheduler's inventory lists them, e.g. node-0/gpu-2), one per device "
+                                         "of the lease: in a single process `devices` of them; under torchrun one "
+                                         "per rank, in rank order, rank r's naming the GPU that rank runs on "
+                                         "(cuda:LOCAL_RANK). None: any free devices.")
 
 
 class TrainerConfig(_Section):

@@ -19,7 +19,8 @@ path. How the trainer divides a step (trainer.py, update.py):
     update    each micro-batch's sequences are dealt over the ranks (Ranks.deal); every loss keeps the whole
               step's normalisers, so the ranks' gradients sum to the single process's. FSDP2 averages
               gradients over the ranks: each rank's loss is scaled by N to undo that average.
-    scheduler rank 0 holds each phase's gang lease of N devices for all ranks
+    scheduler rank 0 holds each phase's gang lease of N devices for all ranks (scheduler.device_ids, in rank
+              order, pins it to the devices the ranks run on)
 
 Every rank forwards every micro-batch (one with no sequence dealt to it forwards one with weight 0), so the
 collectives of FSDP stay in step.

@@ -81,8 +81,8 @@ class Guard:
         """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0). The evidence:
         agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected.
         Parameter by parameter, so that no gradient-sized copy of the whole model is made; the inner products
-        are accumulated in float64. Under FSDP each rank holds its shards of the gradients: the inner products
-        are summed over the ranks."""
+        are float32 chunks summed in float64 (_dot). Under FSDP each rank holds its shards of the gradients:
+        the inner products are summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         d = [local(p.grad) - g if p.grad is not None else -g for p, g in zip(params, g_s)]
         products = [_dot(d, g_s), _dot(g_s, g_s), _dot(d, d)]
@@ -127,14 +127,16 @@ class Guard:
         return stats
 
 
-def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = 1 << 20) -> float:
-    """Σ_p ⟨a_p, b_p⟩ over the parameters in float64, `chunk` elements at a time (no float64 copy of a whole
-    embedding matrix)."""
+def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = 1 << 16) -> float:
+    """Σ_p ⟨a_p, b_p⟩ over the parameters: BLAS float32 dot products of `chunk` elements, summed in float64.
+    Each chunk's rounding error is about √chunk·2⁻²⁴ of its magnitude (≈ 2e-5), far below what the guard's
+    decisions (a sign, a cosine) need; converting to float64 instead cost 10× the time (buffers allocated and
+    written per chunk) and was most of the guard's cost on a 135M-parameter model."""
     total = 0.0
     for x, y in zip(a, b):
         x, y = x.reshape(-1), y.reshape(-1)
         for i in range(0, x.numel(), chunk):
-            total += float(torch.dot(x[i:i + chunk].double(), y[i:i + chunk].double()))
+            total += float(torch.dot(x[i:i + chunk], y[i:i + chunk]))
     return total
 
 

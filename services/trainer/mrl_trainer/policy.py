@@ -45,7 +45,12 @@ class ModelSpec(BaseModel):
     chat_template: str | None = Field(None, description="Jinja chat template when the tokenizer has none "
                                                         "(default PLAIN_CHAT_TEMPLATE).")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto: bfloat16 on a GPU, float32 on the CPU.")
+        "auto", description="The weights' (and so the optimizer state's) dtype. auto: float32; on a GPU the "
+                            "forward passes still run in bfloat16 under `autocast`. bfloat16 weights round away "
+                            "RL-sized steps (see mrl_trainer.policy.forward_dtype).")
+    autocast: Literal["auto", "bfloat16", "off"] = Field(
+        "auto", description="Forward passes (rollout, update, evaluation) under torch.autocast in this dtype. "
+                            "auto: bfloat16 on a GPU that supports it (mixed precision), off on the CPU.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: "
                                                             "less memory, about 30% more compute.")
 
@@ -129,17 +134,32 @@ def _load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(str(p))
 
 
-def _dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
-    if spec.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, spec.dtype)
+def _dtype(spec: ModelSpec) -> torch.dtype:
+    return torch.float32 if spec.dtype == "auto" else getattr(torch, spec.dtype)
+
+
+def forward_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype | None:
+    """The dtype the forward passes autocast to (None: none), as mixed-precision training does.
+
+    Weights and optimizer state stay in `spec.dtype` (float32 by default) and only the forward's matrix
+    products run in bfloat16. bfloat16 weights would keep 8 significant bits: an AdamW step of about lr
+    (2e-5 here) on a weight of 0.05 is below half a unit in its last place (0.05 · 2⁻⁹ ≈ 1e-4) and is
+    rounded away, so a policy with bfloat16 weights barely moves at RL learning rates.
+    """
+    if spec.autocast == "off" or (spec.autocast == "auto" and device.type != "cuda"):
+        return None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if spec.autocast == "bfloat16":
+            raise TrainerError("model.autocast='bfloat16': this GPU does not support bfloat16; set it to off")
+        return None
+    return torch.bfloat16
 
 
 def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 0):
     """(model, tokenizer) on `device`; the model in train mode, the tokenizer padded on the left."""
     from transformers import AutoConfig, AutoModelForCausalLM
     device = torch.device(device)
-    dtype = _dtype(spec, device)
+    dtype = _dtype(spec)
     if spec.source == "config":
         tokenizer = _load_tokenizer(spec.tokenizer)
         arch = dict(spec.architecture)

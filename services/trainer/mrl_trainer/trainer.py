@@ -48,7 +48,7 @@ from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.metrics import MetricsSink
 from mrl_trainer.outbox import Outbox
 from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
-from mrl_trainer.policy import load_policy, prompt_ids
+from mrl_trainer.policy import forward_dtype, load_policy, prompt_ids
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
 from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, Verifier, make_sharing
@@ -171,10 +171,14 @@ class Trainer:
         # its root's gathered (unsharded) copies, which receive no gradient
         self.params = list(model.parameters())
         self.device = self.params[0].device
+        dtype = forward_dtype(config.model, self.device)      # mixed precision: float32 weights, bf16 forwards
+        self.autocast = ((lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype is not None
+                         else contextlib.nullcontext)
         if reference is None and config.loss.beta > 0:     # the KL anchor: the model as handed in
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.reference = reference
         self.ranks = ranks
+        self._lease_size = self._check_lease_size()
         try:
             self.engine = make_engine(config.rollout.engine, model, tokenizer, config.rollout.max_batch,
                                       synced=ranks.sharded)
@@ -191,6 +195,19 @@ class Trainer:
         self._solved: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(self.state.solved)
         self.sharing.restore(self.state.sharing)
 
+    def _check_lease_size(self) -> int:
+        """Devices per scheduler lease: one per rank under torchrun, else scheduler.devices; TrainerError when
+        scheduler.device_ids does not name exactly that many."""
+        s = self.cfg.scheduler
+        if s is None:
+            return 0
+        size = self.ranks.world if self.ranks.sharded else s.devices
+        if s.device_ids is not None and len(s.device_ids) != size:
+            each = (f"the run has {size} rank(s) under torchrun: list each rank's device, in rank order"
+                    if self.ranks.sharded else f"scheduler.devices is {size}: list one id per device of a lease")
+            raise TrainerError(f"scheduler.device_ids lists {len(s.device_ids)} device(s) but {each}")
+        return size
+
     @contextlib.contextmanager
     def _lease(self, phase: str):
         """Hold a scheduler lease for one phase (rollout / update); nothing when no scheduler is configured.
@@ -198,7 +215,7 @@ class Trainer:
         A scheduler that cannot be reached or refuses, or a lease lost mid-phase, stops the run
         (TrainerError): running without the lease could overcommit a shared device. Under torchrun rank 0
         holds one gang lease of N devices (N the number of ranks) for all of them, and no rank starts the phase
-        before it is granted.
+        before it is granted. With scheduler.device_ids the lease is exactly those devices (rank r's is the r-th).
         """
         s = self.cfg.scheduler
         if s is None:
@@ -207,8 +224,8 @@ class Trainer:
         held, refused = contextlib.ExitStack(), None
         if self.ranks.main:
             try:
-                held.enter_context(self.scheduler.lease(devices=self.ranks.world if self.ranks.sharded else s.devices,
-                                                        phase=phase, ttl_s=s.ttl_s, step_cost=s.step_cost))
+                held.enter_context(self.scheduler.lease(devices=self._lease_size, phase=phase, ttl_s=s.ttl_s,
+                                                        step_cost=s.step_cost, device_ids=s.device_ids or ()))
             except MrlError as exc:
                 refused = str(exc)
         refused = self.ranks.broadcast(refused)
@@ -264,7 +281,8 @@ class Trainer:
                                 seed=self.cfg.seed * 1_000_003 + step + (self.ranks.rank << 40))
         mine, real = self.ranks.block(problems)
         try:
-            samples = self.engine.generate([self._prompt(p) for p in mine], r.group_size, params)[:real]
+            with self.autocast():
+                samples = self.engine.generate([self._prompt(p) for p in mine], r.group_size, params)[:real]
         except RuntimeError as exc:   # e.g. sampling from NaN logits, or out of memory
             raise TrainerError(f"rollout failed at step {step}: {exc}") from exc
         verified = [[self._verify(p, s.text) for s in group] for p, group in zip(mine, samples)]
@@ -280,7 +298,10 @@ class Trainer:
         pad, temperature = self.tokenizer.pad_token_id, self.cfg.rollout.temperature
 
         def logprobs(model):
-            return lambda prompts, completions: completion_logprobs(model, prompts, completions, pad, temperature)
+            def forward(prompts, completions):
+                with self.autocast():
+                    return completion_logprobs(model, prompts, completions, pad, temperature)
+            return forward
         stats = update(logprobs(self.model), self.params, self.optimizer, self.sharing,
                        self.cfg.loss, batch, plan, max_tokens=self.cfg.rollout.max_new_tokens,
                        reference=None if self.reference is None else logprobs(self.reference), ranks=self.ranks)
@@ -292,7 +313,8 @@ class Trainer:
         """Greedy decoding on the held-out (eval split) problems: {prompt_id: 1 if verified correct else 0}."""
         problems, real = self.ranks.block(self.task.batch(0, self.cfg.eval.problems, split="eval"))
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0)
-        samples = self.engine.generate([self._prompt(p) for p in problems], 1, params)[:real]
+        with self.autocast():
+            samples = self.engine.generate([self._prompt(p) for p in problems], 1, params)[:real]
         return dict(self.ranks.gather([(p.prompt_id, int(self._verify(p, s[0].text)[0] >= 1.0))
                                        for p, s in zip(problems, samples)]))
 
