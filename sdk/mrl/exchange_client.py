@@ -178,6 +178,11 @@ class Subscription:
         self.close()
 
     def __iter__(self):
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self):
+        """Like iterating, but one list of `Delivery` per message the exchange sends (to ack them in one call)."""
         delays = None
         while not self._closed:
             self._call = self._client._stub.Subscribe(self._request, metadata=self._client._req.metadata)
@@ -189,8 +194,8 @@ class Subscription:
                     self.subscription_id = response.subscription_id
                     if response.deliveries:
                         delays = None  # delivering: the backoff starts afresh after the next failure
-                    for d in response.deliveries:
-                        yield Delivery(d, self.ack)
+                    if response.deliveries:
+                        yield [Delivery(d, self.ack) for d in response.deliveries]
                 return
             except grpc.RpcError as exc:
                 if self._closed:

@@ -28,8 +28,9 @@ Two couplings, by global prompt id:
             Verified successes are kept however old (the receiver re-verifies them; the newest 8 per
             prompt and producer), and stay when a step takes them, for the next time the policy meets
             the prompt. At most max_prompts
-            prompts are kept (the least recently published go first). Deliveries are acked on arrival:
-            the index, not the exchange, holds them while they wait. `offered` lists the prompts with
+            prompts are kept (the least recently published go first). Deliveries are acked on arrival,
+            one Ack call per message of deliveries the exchange sends: the index, not the exchange,
+            holds them while they wait. `offered` lists the prompts with
             peer experience, those with a peer success first, for a peer-guided batch.
 
 Both count what they drop (stale, superseded or evicted experiences): Arrived.dropped.
@@ -272,8 +273,8 @@ class PeerInbox:
     def _pump(self) -> None:
         error: Exception = FailedPrecondition("the exchange ended the subscription to the peers' experience")
         try:
-            for delivery in self._sub:
-                self._ack(self._add(delivery))
+            for batch in self._sub.batches():       # one Ack call per message of deliveries, not per delivery
+                self._ack([i for delivery in batch for i in self._add(delivery)])
         except Exception as exc:     # noqa: BLE001 - any end of the pump is reported by the next collect()
             error = exc
         finally:

@@ -288,3 +288,26 @@ def test_a_redelivered_peer_experience_is_stored_once(start_exchange, run_id):
             assert arrived.complete == 1.0
         finally:
             inbox.close()
+
+
+def test_async_inbox_acks_each_message_of_deliveries_in_one_call(exchange, run_id):
+    """Under the async coupling every delivery is acked on arrival: one Ack call per message the exchange sends
+    (a batch of deliveries), not one per delivery. The calls are counted on the real client."""
+    from mrl_trainer.peers import PeerInbox
+    with ExchangeClient(exchange.target) as client:
+        calls: list[int] = []
+        real_ack = client.ack
+        client.ack = lambda run, subscriber, ids, subscription_id="": calls.append(len(ids)) or real_ack(
+            run, subscriber, ids, subscription_id)
+        inbox = PeerInbox(client, run_id, "me", ("rollout",), ["peer"], max_staleness=1, coupling="async")
+        try:
+            experiences = [e for i in range(10) for e in _peer_step(run_id, "peer", 1, f"p{i}", [0.0, 1.0])]
+            client.publish(experiences)                                      # 30: 10 group_stats, 20 rollouts
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and sum(calls) < len(experiences):
+                time.sleep(0.05)
+            assert sum(calls) == len(experiences) == 30
+            assert len(calls) <= 6, calls                                    # per delivery it was 30 calls
+            assert inbox.collect(1, ["p3"], timeout_s=0).entries["p3"]["peer"].group_rewards == [0.0, 1.0]
+        finally:
+            inbox.close()
