@@ -42,6 +42,26 @@ def test_the_conflicting_part_of_a_peer_term_is_projected_out():
     assert torch.allclose(p.grad, torch.tensor([1.0, 0.5]))          # g_s + τ·d⊥
 
 
+def test_per_tensor_projection_removes_a_conflict_that_the_whole_model_sum_hides():
+    """Two tensors: the peer term agrees with own learning on the first and conflicts on the second; summed over
+    the model the agreement wins (no projection), per tensor the second tensor's conflict is removed."""
+    g_s = [torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])]
+    peer_terms = [torch.tensor([3.0, 0.0]), torch.tensor([-1.0, 1.0])]       # ⟨d, g_s⟩: +3 and −1, sum +2
+
+    def combined(projection: str) -> list[torch.Tensor]:
+        params = [_param((g + d).tolist()) for g, d in zip(g_s, peer_terms)]
+        evidence = Guard(GuardConfig(projection=projection)).combine(params, [g.clone() for g in g_s])
+        return [p.grad for p in params], evidence["projected"]
+
+    whole, share = combined("model")
+    assert all(torch.equal(g, (a + b)) for g, a, b in zip(whole, g_s, peer_terms)) and share == 0.0
+    per_tensor, share = combined("tensor")
+    assert torch.equal(per_tensor[0], torch.tensor([4.0, 0.0]))            # agreeing tensor: unchanged
+    assert torch.allclose(per_tensor[1], torch.tensor([1.0, 1.0]))         # g_s + d⊥, d⊥ = (0, 1)
+    assert share == 0.5                                                    # one tensor of two projected
+    assert all(float(g @ s) >= float(s @ s) for g, s in zip(per_tensor, g_s))   # never worse than solo, per tensor
+
+
 def test_without_an_own_gradient_the_peer_term_passes_and_is_no_evidence():
     p = _param([0.0, 3.0])
     evidence = Guard(GuardConfig()).combine([p], [None])

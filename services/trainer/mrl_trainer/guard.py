@@ -16,6 +16,9 @@ Projection (gradient surgery, as PCGrad): the conflicting component of d is remo
 
     d⊥   = d − min(0, ⟨d, g_s⟩) / ‖g_s‖² · g_s               so ⟨d⊥, g_s⟩ ≥ 0
 
+over the whole model (projection: model), or on each parameter tensor p on its own (projection: tensor:
+d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
+
 Trust, learned in hindsight: does the direction the peers added at the last step agree with where the
 receiver's own samples pull now?
 
@@ -41,6 +44,7 @@ checkpointed with the trainer (SharingMode.state); the last direction is not, so
 resume has no hindsight and leaves τ as it was.
 """
 import math
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +61,10 @@ class GuardConfig(BaseModel):
                                             "learned in hindsight (docs/algorithms.md).")
     trust_rate: float = Field(0.1, ge=0, le=1, description="η: how fast the trust τ follows the hindsight "
                                                            "evidence (0: τ stays 1, projection only).")
+    projection: Literal["model", "tensor"] = Field(
+        "model", description="Where the conflict is measured and removed: over the whole model's gradient "
+                             "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
+                             "removed even when the other layers agree).")
 
 
 class Guard:
@@ -79,21 +87,29 @@ class Guard:
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks()
                 ) -> dict[str, float]:
         """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0). The evidence:
-        agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected.
+        agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected (0 or 1;
+        projection: tensor, the share of parameter tensors projected).
         Parameter by parameter, so that no gradient-sized copy of the whole model is made; the inner products
         are float32 chunks summed in float64 (_dot). Under FSDP each rank holds its shards of the gradients:
         the inner products are summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         d = [local(p.grad) - g if p.grad is not None else -g for p, g in zip(params, g_s)]
-        products = [_dot(d, g_s), _dot(g_s, g_s), _dot(d, d)]
+        n = len(params)
+        tensor_dots = [_dot([x], [y]) for x, y in zip(d, g_s)] + [_dot([y], [y]) for y in g_s]
+        products = tensor_dots + [_dot(d, d)]
         if self.previous is not None:
             products.append(_dot(self.previous, g_s))
-        dot, ss, dd, *hind = ranks.sum(products)
-        projected = dot < 0 and ss > 0
+        summed = ranks.sum(products)
+        dots, sss, (dd, *hind) = summed[:n], summed[n:2 * n], summed[2 * n:]
+        dot, ss = sum(dots), sum(sss)
+        if self.config.projection == "model":
+            coefficients = [dot / ss if dot < 0 and ss > 0 else 0.0] * n
+        else:
+            coefficients = [x / y if x < 0 and y > 0 else 0.0 for x, y in zip(dots, sss)]
         peer = d                                                   # τ·d⊥, made in place of d
-        for p, gp, pp in zip(params, g_s, peer):
-            if projected:
-                pp.sub_(gp, alpha=dot / ss)
+        for p, gp, pp, c in zip(params, g_s, peer, coefficients):
+            if c:
+                pp.sub_(gp, alpha=c)
             pp.mul_(self.trust)
             if p.grad is None:
                 p.grad = gp + pp
@@ -104,7 +120,8 @@ class Guard:
         else:
             for total, pp in zip(self._direction, peer):
                 total.add_(pp)
-        return {"agreement": _cos(dot, ss, dd), "projected": float(projected),
+        projected = sum(c != 0 for c in coefficients) / max(n, 1)
+        return {"agreement": _cos(dot, ss, dd), "projected": projected,
                 "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
 
     def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
