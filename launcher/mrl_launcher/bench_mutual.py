@@ -24,7 +24,11 @@ to whole steps. fast / slow = the policies with the most / fewest steps per minu
 `fast_ratio_vs_solo` and `slow_ratio_vs_solo` = its steps per minute ÷ the same policy's alone. A sharing arm
 also costs its modes' own compute (THL retokenization, peers' sequences in the loss), so a ratio below 1 is
 not all waiting: `peer_wait_s_mean` (seconds per step waited for peers) tells the wait apart, and
-`peer_samples` (HACPO, PRP) / `sgt_accepted` (SGT) that experience did cross.
+`peer_samples` (HACPO, PRP) / `sgt_accepted` (SGT) that experience did cross. Where each step's time went,
+as means over the steps that ended in the window: rollout_s_mean, update_s_mean, exchange_s_mean (the rest
+of the step: publishing, taking the peers' experience with THL, planning, the peer wait) and active_mean
+(the share of the step's samples the update trained on: the update skips samples of zero advantage, so a
+policy whose rewards spread more under sharing also trains on more of its batch).
 
 W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
 the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
@@ -32,7 +36,8 @@ the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 t
 
 The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
-steps_per_min[, peer_wait_s_mean, peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
+steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean[, peer_wait_s_mean,
+peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
 fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]).
 """
 import json
@@ -57,6 +62,7 @@ RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metr
 QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
 FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
 PEER_MEANS = ("peer_wait_s", "peers_complete")
+STEP_MEANS = ("rollout_s", "update_s", "active")   # where a step's time went, and the share of samples trained on
 PEER_TOTALS = ("peer_samples", "sgt_accepted")
 
 
@@ -92,7 +98,10 @@ def _figures(steps: list[dict], t0: float, t1: float) -> dict:
     work = sum(max(0.0, min(r["time"], t1) - max(r["time"] - r["step_s"], t0)) / r["step_s"] for r in steps)
     ended = [r for r in steps if t0 < r["time"] <= t1]
     out = {"steps": len(ended), "steps_per_min": round(60 * work / (t1 - t0), 3)}
-    for key in PEER_MEANS:
+    if ended:
+        rest = [r["step_s"] - r.get("rollout_s", 0.0) - r.get("update_s", 0.0) for r in ended]
+        out["exchange_s_mean"] = round(sum(rest) / len(rest), 3)
+    for key in STEP_MEANS + PEER_MEANS:
         values = [r[key] for r in ended if key in r]
         if values:
             out[f"{key}_mean"] = round(sum(values) / len(values), 3)
@@ -130,6 +139,9 @@ def _line(arm: str, policies: dict) -> str:
     parts = []
     for policy, f in policies.items():
         text = f"{policy} {f['steps_per_min']:.3f} steps/min ({f['steps']} ended in the window"
+        if "update_s_mean" in f:
+            text += (f"; per step: rollout {f['rollout_s_mean']:.1f} s, update {f['update_s_mean']:.1f} s on "
+                     f"{f['active_mean']:.0%} of the samples, the rest {f['exchange_s_mean']:.1f} s")
         if "peer_wait_s_mean" in f:
             text += f", waited {f['peer_wait_s_mean']:.1f} s/step for peers"
         text += "".join(f", {f[k]} {k.replace('_', ' ')}" for k in PEER_TOTALS if k in f)
