@@ -97,6 +97,9 @@ def _line(mode: str, e: dict) -> str:
         parts.append(f"Δsolo {f(e['delta_solo'], '+.3f')} [{f(e['delta_solo_ci'][0], '+.3f')}, "
                      f"{f(e['delta_solo_ci'][1], '+.3f')}]")
         parts.append(f"to-solo {f(e.get('rollouts_to_solo'), 'd')}")
+    longer = {p: x for p, x in e["policies"].items() if x["end_steps"] != e["policies"]["b"]["end_steps"]}
+    parts += [f"{p} at the end ({x['end_steps']} steps) {f(x['end_mean'])} [{f(x['end_ci'][0])}, {f(x['end_ci'][1])}]"
+              for p, x in longer.items()]
     if e.get("grad_var") is not None:
         parts.append(f"grad-var {e['grad_var']:.2e} (rel {e['grad_rel_var']:.2f})")
     shown = {"prp_log_rho_var": "var log ρ", "prp_truncated": "ρ>c", "sgt_rescued": "rescues",

@@ -15,6 +15,9 @@ Measured per policy:
 
     success       greedy success on the C training contexts (the same contexts; a tabular policy has no
                   held-out contexts), every `eval_every` steps and at the end; x-axis: own rollouts t·P·G
+    end           greedy success when the run ends, after end_steps own steps: the final success, except for
+                  the faster policy under the async coupling, which made speed·T steps in the slower one's T
+                  (success at equal wall time, where `success` compares at equal own rollouts)
     reward        the step's batch mean reward (sampled success)
     grad_var      tr Cov[ĝ] = Σ_r ‖ĝ_r − ḡ‖² / (R − 1): ĝ_r = the update gradient (mrl_trainer.update.gradient: own and
                   extra terms, before clipping) on R independent batches (own rollouts and peer experience
@@ -112,6 +115,7 @@ class _Policy:
     records: list = field(default_factory=list)
     curve: list = field(default_factory=list)
     probes: list = field(default_factory=list)
+    end: tuple[int, float] | None = None       # (own steps made, greedy success) when the run ends
     inbox: AsyncInbox | None = None            # async coupling: the peer's experience, kept across steps
     solved: set = field(default_factory=set)   # async: prompts own samples solved (guidance prefers others)
 
@@ -348,8 +352,9 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
             k.records.append(record)
         steps[i] += 1
     for k, made in zip(pols, steps):
+        k.end = (made, _greedy_success(k.model, bandit))
         if made == settings.steps:              # the last eval (a policy that went on had it before its next step)
-            k.curve.append(_greedy_success(k.model, bandit))
+            k.curve.append(k.end[1])
     return eval_steps
 
 
@@ -382,6 +387,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
         probes = k.probes
         out["policies"][k.name] = {
             "tokenizer": k.tokenizer_id, "curve": k.curve, "reward": [r["reward_mean"] for r in k.records],
+            "end_steps": k.end[0] if k.end else settings.steps, "end": k.end[1] if k.end else k.curve[-1],
             "stats": _summary(k.records, k.sharing.cumulative),
             "grad_var": sum(p["grad_var"] for p in probes) / len(probes) if probes else None,
             "grad_rel_var": (sum(p["grad_var"] / max(p["grad_mean_sq"], 1e-30) for p in probes) / len(probes)

@@ -10,6 +10,9 @@
     grad_var, grad_rel_var = run.py's, mean over the two policies, then over seeds (t-interval)
     stats                  = each logged statistic, mean over the two policies (per policy: cumulative ones
                              summed over the run), then over seeds
+    policies               = per policy: final (as above), and `end`: its greedy success when the run ended,
+                             after end_steps own steps (the faster policy under async: speed·T, equal wall
+                             time), mean and t-interval, and the per-seed values (ends) for paired comparisons
 """
 from mrl_launcher.analysis import rollouts_to
 from mrl_launcher.intervals import mean_ci
@@ -70,8 +73,12 @@ def summarize_point(runs: dict[str, list[dict]]) -> dict:
         entry["policies"] = {}
         for p in POLICIES:
             pm, plo, phi = mean_ci([r["policies"][p]["curve"][-1] for r in seeds], 0.0, 1.0)
+            ends = [r["policies"][p]["end"] for r in seeds]
+            em, elo, ehi = mean_ci(ends, 0.0, 1.0)
             entry["policies"][p] = {"tokenizer": seeds[0]["policies"][p]["tokenizer"], "final_mean": pm,
                                     "final_ci": [plo, phi],
-                                    "initial_mean": _mean([r["policies"][p]["curve"][0] for r in seeds])}
+                                    "initial_mean": _mean([r["policies"][p]["curve"][0] for r in seeds]),
+                                    "end_steps": seeds[0]["policies"][p]["end_steps"], "end_mean": em,
+                                    "end_ci": [elo, ehi], "ends": ends}
         out[mode] = entry
     return out
