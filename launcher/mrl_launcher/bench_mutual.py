@@ -101,8 +101,7 @@ def _figures(steps: list[dict], t0: float, t1: float) -> dict:
     if ended:
         rest = [r["step_s"] - r.get("rollout_s", 0.0) - r.get("update_s", 0.0) for r in ended]
         out["exchange_s_mean"] = round(sum(rest) / len(rest), 3)
-        for r in ended:
-            r.setdefault("active", 0.0)            # a skipped update (every advantage 0) trained on nothing
+        ended = [{"active": 0.0, **r} for r in ended]   # a skipped update (every advantage 0) trained on nothing
     for key in STEP_MEANS + PEER_MEANS:
         values = [r[key] for r in ended if key in r]
         if values:
