@@ -134,6 +134,9 @@ def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guid
         p = run["policies"][policy]
         assert len(p["curve"]) == 4 and len(p["reward"]) == 6 and p["grad_var"] is None
         assert p["stats"]["peer_guided"] > 0 and p["stats"]["sgt_rescued"] > 0
+    a, b = run["policies"]["a"], run["policies"]["b"]
+    assert (a["end_steps"], b["end_steps"]) == (18, 6)       # a went on for speed × steps: equal wall time
+    assert b["end"] == b["curve"][-1] and 0.0 <= a["end"] <= 1.0
     unguided = run_one(point, settings, "sgt:coupling=async:guided_share=0", seed=0)
     assert all(unguided["policies"][k]["stats"]["peer_guided"] == 0 for k in ("a", "b"))
     with pytest.raises(Exception, match="speed 0"):
