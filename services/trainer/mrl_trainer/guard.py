@@ -61,11 +61,6 @@ class GuardConfig(BaseModel):
                                             "learned in hindsight (docs/algorithms.md).")
     trust_rate: float = Field(0.1, ge=0, le=1, description="η: how fast the trust τ follows the hindsight "
                                                            "evidence (0: τ stays 1, projection only).")
-    hindsight: Literal["gradient", "step"] = Field(
-        "gradient", description="What the hindsight compares with the next own gradient: the peers' added "
-                                "gradient (gradient) or the parameter step it caused under the optimizer's "
-                                "per-coordinate scaling (step: Adam's 1/(√v̂ + ε); the gradient with other "
-                                "optimizers).")
     projection: Literal["model", "tensor"] = Field(
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
                              "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
@@ -88,7 +83,6 @@ class Guard:
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
-        self._params: list[torch.Tensor] = []                # the parameters of the last combine
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks()
                 ) -> dict[str, float]:
@@ -121,7 +115,6 @@ class Guard:
                 p.grad = gp + pp
             else:
                 local(p.grad).copy_(gp).add_(pp)
-        self._params = params
         if self._direction is None:
             self._direction = peer
         else:
@@ -131,11 +124,9 @@ class Guard:
         return {"agreement": _cos(dot, ss, dd), "projected": projected,
                 "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
 
-    def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks(), optimizer=None) -> dict[str, float]:
+    def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
         """End of a step: τ ← (1 − η)τ + η·1[mean hindsight ≥ 0] (no change without hindsight); this step's
-        peer direction becomes the next step's `previous` (hindsight: step, with an Adam `optimizer`: scaled by
-        its per-coordinate 1/(√v̂ + ε), the step the peer term made). The step's guard stats (τ as the step
-        used it)."""
+        peer direction becomes the next step's `previous`. The step's guard stats (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
                  "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
         for key in ("agreement", "hindsight"):
@@ -146,27 +137,11 @@ class Guard:
             eta = self.config.trust_rate
             self.trust = (1 - eta) * self.trust + eta * float(stats["guard_hindsight"] >= 0)
         if self._direction is not None:
-            if self.config.hindsight == "step" and optimizer is not None:
-                _adam_scale(optimizer, self._params, self._direction)
             ss = ranks.sum([_dot(self._direction, self._direction)])[0]
             if ss > 0:
                 self.previous, self._previous_ss = self._direction, ss
         self._direction = None
         return stats
-
-
-def _adam_scale(optimizer, params: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
-    """tensors[i] *= 1 / (√v̂_i + ε) in place, v̂ = Adam's bias-corrected second moment of params[i]: the
-    per-coordinate scaling Adam gives a gradient (its momentum left out). Parameters without that state (not
-    an Adam optimizer, no step yet) are left as they are."""
-    settings = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-    for p, x in zip(params, tensors):
-        state = optimizer.state.get(p, {})
-        if "exp_avg_sq" not in state or id(p) not in settings:
-            continue
-        beta2, eps = settings[id(p)]["betas"][1], settings[id(p)]["eps"]
-        correction = 1 - beta2 ** float(state["step"])
-        x.div_((local(state["exp_avg_sq"]) / correction).sqrt_().add_(eps))
 
 
 def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = 1 << 16) -> float:

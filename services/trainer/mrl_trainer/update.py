@@ -281,7 +281,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     if per_sequence:
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     if guard is not None:
-        sums.update(guard.observe(evidence, ranks, optimizer))
+        sums.update(guard.observe(evidence, ranks))
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
             "extras": len(work.extras), "updates": m, **plan.stats, **sums}
 
