@@ -123,6 +123,14 @@ class Collector:
         for d in self.subscription:
             self.items.put(d)
 
+    def started(self, timeout=10.0) -> "Collector":
+        """Wait for the subscription's first message (its id): from then on whatever is published is delivered."""
+        deadline = time.monotonic() + timeout
+        while not self.subscription.subscription_id:
+            assert time.monotonic() < deadline, "the subscription did not start"
+            time.sleep(0.01)
+        return self
+
     def take(self, n, timeout=10.0):
         deadline = time.monotonic() + timeout
         out = []

@@ -60,8 +60,7 @@ def test_two_consumer_groups_each_see_every_entry(exchange, run_id):
 def test_start_latest_skips_what_was_published_before(exchange, run_id):
     with ExchangeClient(exchange.target) as see:
         see.publish([rollout(run_id)])
-        c = Collector(see.subscribe(run_id, "policy-b", start="latest"))
-        time.sleep(0.3)
+        c = Collector(see.subscribe(run_id, "policy-b", start="latest")).started()
         new = rollout(run_id)
         see.publish([new])
         assert [d.experience.experience_id for d in c.take(1)] == [new.experience_id]
@@ -185,8 +184,7 @@ def test_latest_start_is_kept_across_reconnects(exchange, run_id):
     """A producer's first experience, published while the subscriber is away, is delivered on reconnect."""
     with ExchangeClient(exchange.target) as see:
         see.publish([rollout(run_id, "policy-a")])
-        first = Collector(see.subscribe(run_id, "policy-b", start="latest"))
-        time.sleep(0.4)
+        first = Collector(see.subscribe(run_id, "policy-b", start="latest")).started()
         first.close()
         newcomer = rollout(run_id, "policy-c")
         see.publish([newcomer])

@@ -32,6 +32,7 @@ class ExchangeServicer:
         principal = await self._principal(context)
         principal.require_policy(request.subscriber, request.run_id, "subscribe")
         subscription = Subscription(self.exchange, request, owner=principal.name)
+        await subscription.pin_start()           # before the first message: see Subscription.pin_start
         yield xpb.SubscribeResponse(subscription_id=subscription.id)
         async for response in subscription.deliveries():
             yield response  # a RawSubscribeResponse: encodes to a SubscribeResponse

@@ -96,12 +96,17 @@ class Subscription:
             self._in_flight.pop(d, None)
         self._credit.set()
 
+    async def pin_start(self) -> None:
+        """Fix where the streams are read from (earliest: "0"; latest: the policy's LATEST start). Called before
+        the first message goes out, so that whatever is published after a client has its subscription id is
+        delivered, whenever the subscription gets round to creating a stream's consumer group."""
+        self._start_id = "0" if self.earliest else await self._latest_start()
+
     async def deliveries(self):
         """Yield RawSubscribeResponse messages (wire-identical to SubscribeResponse), never more un-acked
-        deliveries than the credit."""
+        deliveries than the credit (after pin_start)."""
         self.exchange.open_session(self)
         try:
-            self._start_id = "0" if self.earliest else await self._latest_start()
             while True:
                 credit = self._free_credit()
                 if credit == 0:
