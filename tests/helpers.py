@@ -45,6 +45,14 @@ def one_of_each(run_id, producer="policy-a", version=1):
 POLICIES = ("policy-a", "policy-b")
 
 
+def wait_for(condition, timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Poll `condition` every 20 ms until it holds; fails the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not met in {timeout_s:g} s"
+        time.sleep(0.02)
+
+
 def write_auth_file(path: pathlib.Path, run_id: str) -> dict[str, str]:
     """policy-a and policy-b in run_id, and an admin; returns the tokens (the file holds only hashes)."""
     tokens = {name: new_token() for name in (*POLICIES, "admin")}
@@ -125,10 +133,7 @@ class Collector:
 
     def started(self, timeout=10.0) -> "Collector":
         """Wait for the subscription's first message (its id): from then on whatever is published is delivered."""
-        deadline = time.monotonic() + timeout
-        while not self.subscription.subscription_id:
-            assert time.monotonic() < deadline, "the subscription did not start"
-            time.sleep(0.01)
+        wait_for(lambda: self.subscription.subscription_id, timeout, "the subscription's start")
         return self
 
     def take(self, n, timeout=10.0):

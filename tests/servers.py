@@ -85,16 +85,15 @@ class RunningScheduler(RunningServer):
         """Wait until `count` Watch streams are registered (the `mrl_scheduler_watchers` gauge): a Watch sees
         events "from now on", so a test that acts before its stream is registered can miss the first ones."""
         import re
-        import time
 
         import httpx
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        from helpers import wait_for
+
+        def registered() -> bool:
             found = re.search(r"^mrl_scheduler_watchers (\S+)$", httpx.get(f"{self.admin}/metrics").text, re.M)
-            if found and float(found.group(1)) >= count:
-                return
-            assert time.monotonic() < deadline, f"{count} Watch stream(s) not registered in {timeout_s} s"
-            time.sleep(0.02)
+            return bool(found) and float(found.group(1)) >= count
+        wait_for(registered, timeout_s, f"{count} Watch stream(s) registered")
 
 
 @pytest.fixture

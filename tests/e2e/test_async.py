@@ -3,7 +3,6 @@ counted, a resumed trainer that takes peer experience again, past successes from
 test_mutual.py). The peer is scripted (it publishes what a trainer publishes, at the pace a test sets); the
 receiver is a real trainer."""
 import threading
-import time
 
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
@@ -11,7 +10,7 @@ from mrl.v1 import experience_pb2 as pb
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.metrics import read_metrics
 from mrl_trainer.trainer import build_trainer
-from helpers import tiny_config
+from helpers import tiny_config, wait_for
 
 
 class ScriptedPeer:
@@ -79,7 +78,7 @@ def test_a_ten_times_slower_peer_never_holds_back_an_async_policy(tmp_path, exch
         peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer)
         try:
             thread = peer.run_every(1.5, stop)
-            _wait_for(lambda: any(trainer.inbox.offered()))
+            wait_for(lambda: any(trainer.inbox.offered()), timeout_s=30.0)
             trainer.run()
         finally:
             stop.set()
@@ -91,13 +90,6 @@ def test_a_ten_times_slower_peer_never_holds_back_an_async_policy(tmp_path, exch
     assert all(r["peer_wait_s"] < 0.5 for r in train)     # no wait (lockstep: up to 10 s)
     assert sum(r["peer_guided"] for r in train) >= 1 and sum(r["sgt_rescued"] for r in train) >= 1
     assert sum(r["sgt_rejected"] for r in train) == 0
-
-
-def _wait_for(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_async_staleness_drops_are_counted(tmp_path, exchange, run_id):
@@ -112,7 +104,8 @@ def test_async_staleness_drops_are_counted(tmp_path, exchange, run_id):
             for version in range(6):
                 peer.publish_step(version)
             index = trainer.inbox._index
-            _wait_for(lambda: sum(len(e.successes) for by in index.entries.values() for e in by.values()) == 12)
+            wait_for(lambda: sum(len(e.successes) for by in index.entries.values() for e in by.values()) == 12,
+                     timeout_s=30.0)
             trainer.run()
         finally:
             trainer.close()
@@ -130,7 +123,7 @@ def test_a_resumed_async_trainer_takes_peer_experience_again(tmp_path, exchange,
             peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer)
             try:
                 peer.publish_step(steps * 10)                 # a fresh peer step each time
-                _wait_for(lambda: any(trainer.inbox.offered()))
+                wait_for(lambda: any(trainer.inbox.offered()), timeout_s=30.0)
                 trainer.run()
             finally:
                 trainer.close()
@@ -154,7 +147,7 @@ def test_a_resumed_trainer_gets_past_peer_successes_from_the_library(tmp_path, s
                     for version in (2, 3):
                         peer.publish_step(version)
                     peer.close()
-                    _wait_for(lambda: len(trainer.inbox._index.entries) == 4)
+                    wait_for(lambda: len(trainer.inbox._index.entries) == 4, timeout_s=30.0)
                 trainer.run()
             finally:
                 trainer.close()

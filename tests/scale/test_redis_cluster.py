@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from helpers import rollout, success
+from helpers import rollout, success, wait_for
 from mrl import errors
 from mrl.exchange_client import ExchangeClient
 from mrl.grpc_client import Backoff
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.scale
 def take(deliveries, n):
     """The next n deliveries of an iterator over a subscription (each iter() of it would be a new Subscribe)."""
     return [next(deliveries) for _ in range(n)]
-
-
-def wait_for(condition, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def slots_of(url: str, pattern: str) -> set[int]:

@@ -11,7 +11,7 @@ import grpc
 import httpx
 import pytest
 
-from helpers import write_auth_file
+from helpers import wait_for, write_auth_file
 from mrl import errors
 from mrl.grpc_client import Backoff
 from mrl.scheduler_client import SchedulerClient
@@ -29,13 +29,6 @@ def events_of(watch, into: list) -> threading.Thread:
     thread = threading.Thread(target=lambda: into.extend(watch), daemon=True)
     thread.start()
     return thread
-
-
-def wait_for(condition, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def hand_over(holder: SchedulerClient, held, waiter: SchedulerClient, devices: int):
