@@ -385,9 +385,10 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
            "rollouts": [t * P * G for t in eval_steps], "policies": {}}
     for k in pols:
         probes = k.probes
+        end_steps, end = k.end or (settings.steps, k.curve[-1])      # lockstep: the run ends at the final eval
         out["policies"][k.name] = {
             "tokenizer": k.tokenizer_id, "curve": k.curve, "reward": [r["reward_mean"] for r in k.records],
-            "end_steps": k.end[0] if k.end else settings.steps, "end": k.end[1] if k.end else k.curve[-1],
+            "end_steps": end_steps, "end": end,
             "stats": _summary(k.records, k.sharing.cumulative),
             "grad_var": sum(p["grad_var"] for p in probes) / len(probes) if probes else None,
             "grad_rel_var": (sum(p["grad_var"] / max(p["grad_mean_sq"], 1e-30) for p in probes) / len(probes)
