@@ -72,6 +72,28 @@ def test_each_producer_keeps_its_newest_per_prompt_and_a_query_the_newest_of_all
     client.close()
 
 
+def test_producers_are_merged_in_the_order_of_publish_even_within_one_millisecond(start_exchange, run_id):
+    """Two producers' streams number their entries apart (each stream's ids are its own): a batch that alternates
+    producers appends them all within one millisecond, yet a query answers them in the order they were published."""
+    server = start_exchange(success_library_per_prompt=8)
+    sent = [success(run_id, producer, prompt_id="p/1", response_text=str(i))
+            for i in range(8) for producer in ("policy-a", "policy-b")]
+    with ExchangeClient(server.target) as see:
+        assert see.publish(sent).accepted == 16
+        assert ids(see.get_successes(run_id, "policy-c", ["p/1"], max_per_prompt=16)) == ids(sent[::-1])
+
+
+def test_entries_an_earlier_exchange_stamped_with_stream_ids_count_as_older(exchange, run_id, redis_url):
+    old, new = success(run_id, "policy-a", prompt_id="p/1"), success(run_id, "policy-b", prompt_id="p/1")
+    client = redis.Redis.from_url(redis_url)
+    client.lpush(library_key(run_id, "policy-a", "p/1"), b"99999999999999-0 " + old.SerializeToString())
+    client.sadd(f"mrl:{{{run_id}}}:topics", "success:policy-a")
+    client.close()
+    with ExchangeClient(exchange.target) as see:
+        assert see.publish([new]).accepted == 1
+        assert see.get_successes(run_id, "policy-c", ["p/1"]) == [new, old]
+
+
 @pytest.mark.asyncio
 async def test_the_asyncio_client_gets_successes_too(exchange, run_id):
     sent = success(run_id, "policy-a", prompt_id="p/1")

@@ -9,6 +9,7 @@ Keys (the run in braces is a Redis Cluster hash tag: a run's keys live on one sh
     mrl:{run}:start:{subscriber}    a policy's LATEST start position, fixed at its first subscription
     mrl:{run}:library:{producer}:{prompt digest}
                                     list of a producer's newest successes for one prompt (successes.py)
+    mrl:{run}:library-order         counter of the successes the library has taken, their order across producers
 
 One consumer group per subscribing policy on each stream, named after the policy, so each
 policy sees every entry once; at-least-once: an entry stays in the group's pending list
@@ -54,6 +55,10 @@ def start_key(run_id: str, subscriber: str) -> str:
     return f"mrl:{{{run_id}}}:start:{subscriber}"
 
 
+def library_order_key(run_id: str) -> str:
+    return f"mrl:{{{run_id}}}:library-order"
+
+
 def library_key(run_id: str, producer: str, prompt_id: str) -> str:
     """The success library of one (run, producer, prompt); the prompt id (free text, up to 256 characters) enters
     the key as a digest, so no brace, colon or glob character of it can reach a key pattern."""
@@ -89,11 +94,14 @@ def _is_entry_id(s: str) -> bool:
     return ms.isdigit() and seq.isdigit()
 
 
-# KEYS = topics, versions, then (seen_i, stream_i) per experience, then the library key of each success kept.
+# KEYS = topics, versions, library order, then (seen_i, stream_i) per experience, then the library key of each
+#        success kept.
 # ARGV = maxlen, max_age_ms, dedupe_ttl_s, library_cap, library_ttl_s,
 #        then (payload_i, version_i, topic_i, producer_i, library_i) where library_i is the index in KEYS of the
 #        experience's library key, 0 for none. Dedupe, append and library write are one atomic step; returns the
-#        0-based indexes of duplicates. A library entry is "<stream entry id> <payload>", newest first.
+#        0-based indexes of duplicates. A library entry is "<order> <payload>", newest first, where order is the
+#        run's count of library writes (INCR): a total order across producers, which stream entry ids are not
+#        (each stream numbers its own entries; two streams give the same id within one millisecond).
 _PUBLISH_LUA = """
 local maxlen, max_age_ms, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local library_cap, library_ttl = tonumber(ARGV[4]), ARGV[5]
@@ -105,9 +113,9 @@ end
 local dups = {}
 for i = 1, (#ARGV - 5) / 5 do
   local a = 5 + (i - 1) * 5
-  if redis.call('SET', KEYS[1 + 2 * i], '1', 'NX', 'EX', ttl) then
-    local skey = KEYS[2 + 2 * i]
-    local entry_id = redis.call('XADD', skey, 'MAXLEN', '~', maxlen, '*', 'e', ARGV[a + 1], 'v', ARGV[a + 2])
+  if redis.call('SET', KEYS[2 + 2 * i], '1', 'NX', 'EX', ttl) then
+    local skey = KEYS[3 + 2 * i]
+    redis.call('XADD', skey, 'MAXLEN', '~', maxlen, '*', 'e', ARGV[a + 1], 'v', ARGV[a + 2])
     if minid then redis.call('XTRIM', skey, 'MINID', '~', minid) end
     redis.call('SADD', KEYS[1], ARGV[a + 3])
     local cur = redis.call('HGET', KEYS[2], ARGV[a + 4])
@@ -116,7 +124,8 @@ for i = 1, (#ARGV - 5) / 5 do
     end
     local library = tonumber(ARGV[a + 5])
     if library > 0 then
-      redis.call('LPUSH', KEYS[library], entry_id .. ' ' .. ARGV[a + 1])
+      local order = redis.call('INCR', KEYS[3])
+      redis.call('LPUSH', KEYS[library], order .. ' ' .. ARGV[a + 1])
       redis.call('LTRIM', KEYS[library], 0, library_cap - 1)
       redis.call('EXPIRE', KEYS[library], library_ttl)
     end
@@ -225,7 +234,7 @@ class Exchange:
             raise
         s = self.settings
         run_id = experiences[0].run_id
-        keys = [topics_key(run_id), versions_key(run_id)]
+        keys = [topics_key(run_id), versions_key(run_id), library_order_key(run_id)]
         library_keys = []
         args: list = [s.retention_maxlen, int(s.retention_max_age_s * 1000), s.dedupe_ttl_s,
                       s.success_library_per_prompt, s.success_library_ttl_s]
@@ -234,7 +243,7 @@ class Exchange:
             library = 0
             if kind == "success" and s.success_library_per_prompt:
                 library_keys.append(library_key(run_id, exp.producer, exp.success.prompt_id))
-                library = 2 + 2 * len(experiences) + len(library_keys)  # its 1-based index in KEYS
+                library = 3 + 2 * len(experiences) + len(library_keys)  # its 1-based index in KEYS
             args += [exp.SerializeToString(), exp.policy_version, f"{kind}:{exp.producer}", exp.producer, library]
         keys += library_keys
         try:

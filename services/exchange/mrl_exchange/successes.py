@@ -3,7 +3,8 @@ for GetSuccesses (a receiver meeting a prompt again, a policy that joins late or
 
 Key (the run in braces is the run's Redis Cluster hash tag, as for every key of a run):
 
-    mrl:{run}:library:{producer}:{prompt digest}   list of b"<stream entry id> <Experience bytes>", newest first
+    mrl:{run}:library:{producer}:{prompt digest}   list of b"<order> <Experience bytes>", newest first
+    mrl:{run}:library-order                        the run's count of library writes: the next <order>
 
 The prompt digest is the first 32 hex digits of the SHA-256 of the prompt id (core.library_key). Publish writes a
 new success there in the same atomic script that appends it to its stream (core.py), trims the list to
@@ -12,10 +13,11 @@ A duplicate (an experience id seen within MRL_DEDUPE_TTL_S) is neither appended 
 
 Keyed per (prompt, producer), not per prompt: a prolific producer — or the asking policy itself, whose successes
 a query leaves out by default — cannot evict a peer's successes for the prompt, so whichever producers a query
-names, what is stored for it is its own newest. A query merges the named producers' lists by stream entry id (the
-exchange's append time, in ms) and answers the newest `max_per_prompt` of them all, so in a response a prolific
-producer can outnumber the others (name producers to choose). The producers with successes are the run's topics
-("success:<producer>"), which outlive stream trimming.
+names, what is stored for it is its own newest. A query merges the named producers' lists by <order>, the order in
+which the exchange took them across producers (entries written before the counter existed, b"<ms>-<seq> <payload>"
+with their stream entry id, count as older than every counted one), and answers the newest `max_per_prompt` of
+them all, so in a response a prolific producer can outnumber the others (name producers to choose). The producers
+with successes are the run's topics ("success:<producer>"), which outlive stream trimming.
 
 Retention: the library outlives the streams (that is its point) and is bounded by prompts × producers × the cap ×
 MRL_MAX_EXPERIENCE_BYTES, and by the TTL: a prompt no producer has solved again for that long is forgotten.
@@ -118,11 +120,12 @@ async def _newest(exchange: Exchange, run_id: str, producers: list[str], prompt_
     return [payload for _, payload in itertools.islice(entries, n)]
 
 
-def _parse_entry(entry: bytes) -> tuple[tuple[int, int], bytes]:
-    """b"<ms>-<seq> <payload>" -> ((ms, seq), payload)."""
-    entry_id, _, payload = entry.partition(b" ")
-    ms, _, seq = entry_id.partition(b"-")
-    return (int(ms), int(seq)), payload
+def _parse_entry(entry: bytes) -> tuple[tuple[int, int, int], bytes]:
+    """b"<order> <payload>" -> ((1, order, 0), payload); an older entry b"<ms>-<seq> <payload>" -> ((0, ms, seq),
+    payload), before every ordered one."""
+    stamp, _, payload = entry.partition(b" ")
+    ms, dash, seq = stamp.partition(b"-")
+    return ((0, int(ms), int(seq)) if dash else (1, int(stamp), 0)), payload
 
 
 def _too_large(exchange: Exchange, prompt_id: str, size: int, limit: int) -> FailedPrecondition:
