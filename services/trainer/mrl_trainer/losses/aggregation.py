@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ._names import choose
 
-__all__ = ["Aggregation", "aggregate", "masked_seq_mean"]
+__all__ = ["Aggregation", "aggregate", "masked_seq_mean", "normaliser"]
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -34,26 +34,34 @@ def masked_seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def _token_mean(token_sums, lengths, num_sequences, num_tokens, max_tokens):
-    return token_sums.sum() / num_tokens
+def _token_sum(token_sums, lengths):
+    return token_sums.sum()
 
 
-def _seq_mean_token_mean(token_sums, lengths, num_sequences, num_tokens, max_tokens):
-    return (token_sums / lengths.clamp(min=1)).sum() / num_sequences
+def _length_normalised_sum(token_sums, lengths):
+    return (token_sums / lengths.clamp(min=1)).sum()
 
 
-def _seq_mean_token_sum_norm(token_sums, lengths, num_sequences, num_tokens, max_tokens):
+_NUMERATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "token-mean": _token_sum,
+    "seq-mean-token-mean": _length_normalised_sum,
+    "seq-mean-token-sum-norm": _token_sum,
+}
+
+
+def normaliser(aggregation: Aggregation, *, num_sequences, num_tokens, max_tokens: int | None = None):
+    """D of L = S / D: M (token-mean), N (seq-mean-token-mean) or N · T_max (seq-mean-token-sum-norm). S depends
+    only on the sequences at hand, so two losses of the same sequences under different totals differ by the
+    factor D / D' (the trainer's guard relies on it)."""
+    choose(_NUMERATORS, aggregation, "aggregation")
+    if aggregation == "token-mean":
+        return num_tokens
+    if aggregation == "seq-mean-token-mean":
+        return num_sequences
     if max_tokens is None or max_tokens <= 0:
         raise ValueError(f"max_tokens ({max_tokens}) must be > 0 for 'seq-mean-token-sum-norm' (Dr.GRPO divides "
                          "by the generation budget): pass the rollout's max_new_tokens")
-    return token_sums.sum() / (num_sequences * max_tokens)
-
-
-_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
-}
+    return num_sequences * max_tokens
 
 
 def aggregate(per_token_loss: Tensor, mask: Tensor, aggregation: Aggregation = "seq-mean-token-mean", *,
@@ -64,7 +72,7 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, aggregation: Aggregation = "
     per_token_loss: (N, T), or (N, 1) broadcast over tokens; mask: (N, T). num_sequences / num_tokens: the whole
     batch's totals under micro-batching (default: this call's own N and M, clamped to >= 1).
     """
-    reduce = choose(_AGGREGATIONS, aggregation, "aggregation")
+    numerator = choose(_NUMERATORS, aggregation, "aggregation")
     for name, value in (("num_sequences", num_sequences), ("num_tokens", num_tokens)):
         if value is not None and value <= 0:
             raise ValueError(f"{name} ({value}) must be > 0: it is the whole batch's total")
@@ -73,4 +81,5 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, aggregation: Aggregation = "
     lengths = mask.sum(-1)  # (N,)
     num_sequences = max(len(lengths), 1) if num_sequences is None else num_sequences
     num_tokens = lengths.sum().clamp(min=1) if num_tokens is None else num_tokens
-    return reduce(token_sums, lengths, num_sequences, num_tokens, max_tokens)
+    return numerator(token_sums, lengths) / normaliser(aggregation, num_sequences=num_sequences,
+                                                       num_tokens=num_tokens, max_tokens=max_tokens)

@@ -160,12 +160,18 @@ class SharingMode:
         """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std)."""
         return Plan(solo_advantages(batch, self.loss), totals=self.own_totals(batch))
 
+    @property
+    def aggregation(self) -> str:
+        """The aggregation of own_loss: the loss config's."""
+        return self.loss.aggregation
+
     def own_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
                  max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
-        """The trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss config)."""
+        """The trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss config): S / D
+        with D = losses.normaliser(self.aggregation, **totals), S independent of the totals."""
         cfg = self.loss
         return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=cfg.beta, eps_low=cfg.eps_low,
-                           eps_high=cfg.eps_high, level=cfg.level, aggregation=cfg.aggregation,
+                           eps_high=cfg.eps_high, level=cfg.level, aggregation=self.aggregation,
                            max_tokens=max_tokens, **totals)
 
     def extra_loss(self, logp: Tensor, mask: Tensor, extras: list[Extra], *, update: int, max_tokens: int,
