@@ -144,48 +144,84 @@ def test_every_mode_that_takes_peers_is_guarded_by_default(name):
     assert make_sharing(sharing_config(mode=name, guard={"enabled": False}), LossConfig()).guard is None
 
 
-# --- g_s without a second backward where the own loss is the solo loss ---------------------------------------
-def _guarded_updates(monkeypatch, name, peers, solo_is_own=None):
+# --- g_s without a second backward for the samples whose advantage the mode left alone -----------------------
+def _guarded_updates(monkeypatch, name, peers, rewards, all_changed=False):
     """Two guarded updates (k = 2 mini-batches, μ = 2, two samples per micro-batch) of the table on one batch:
-    its parameters, each update's stats, and the mini-batches update took g_s as the own gradient on.
-    `solo_is_own` overrides that choice (all False: the second backward everywhere)."""
-    real, chosen = update_module._work, []
+    its parameters, each update's stats, and the first update's work (micro-batches, changed_from, solo_scale).
+    `all_changed`: treat every micro-batch as changed (the second backward everywhere, the same micro-batches)."""
+    real, works = update_module._work, []
 
     def work(*args, **kwargs):
         w = real(*args, **kwargs)
-        chosen.append(w.solo_is_own)
-        return w if solo_is_own is None else replace(w, solo_is_own=solo_is_own)
+        works.append(w)
+        return replace(w, changed_from=[0] * len(w.own_groups)) if all_changed else w
 
     monkeypatch.setattr(update_module, "_work", work)
-    batch = make_batch([[0, 0, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0], [0, 1, 1, 0]], [[1, 2, 3, 2]] * 4)
+    batch = make_batch(rewards, [[1, 2, 3, 2]] * len(rewards))
     table, sharing = _Table(), make_sharing(sharing_config(mode=name), LossConfig())
     optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
     loss = LossConfig(mini_batches=2, updates_per_step=2, micro_batch_tokens=10)
     plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
     stats = [update(table, list(table.parameters()), optimizer, sharing, loss, batch, plan, max_tokens=8)
              for _ in range(2)]
-    return table.w.detach().clone(), stats, chosen[0]
+    return table.w.detach().clone(), stats, works[0]
+
+
+def _count_second_backwards(monkeypatch) -> list:
+    calls, real = [], torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
 
 
 def test_sgt_takes_the_solo_gradient_from_its_own_backward_with_the_same_update(monkeypatch):
     """SGT's own term is GRPO's: g_s is the own micro-batches' gradient, copied before the rescues' backward
     — the same parameters and guard statistics, bit for bit, as the second backward gives."""
     peers = PeerBatch(successes={0: [peer(0, 3, 1.0, text="a0")], 2: [peer(2, 2, 1.0, text="a2")]})
-    w, stats, chosen = _guarded_updates(monkeypatch, "sgt", peers)
-    assert chosen == [True, True] and stats[0]["extras"] == 2 and stats[0]["updates"] == 4
+    rewards = [[0, 0, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0], [0, 1, 1, 0]]
+    calls = _count_second_backwards(monkeypatch)
+    w, stats, work = _guarded_updates(monkeypatch, "sgt", peers, rewards)
+    assert work.changed_from == [len(g) for g in work.own_groups] and work.solo_scale == 1.0 and not calls
+    assert stats[0]["extras"] == 2 and stats[0]["updates"] == 4
     assert all(math.isfinite(s["guard_agreement"]) for s in stats) and math.isfinite(stats[1]["guard_hindsight"])
-    w_full, stats_full, _ = _guarded_updates(monkeypatch, "sgt", peers, solo_is_own=[False, False])
-    assert torch.equal(w, w_full) and stats == stats_full
+    w_full, stats_full, _ = _guarded_updates(monkeypatch, "sgt", peers, rewards, all_changed=True)
+    assert calls and torch.equal(w, w_full) and stats == stats_full
 
 
 def test_pooled_baselines_keep_the_second_backward_where_they_change_the_advantages(monkeypatch):
     """XGRPO with a peer's stats for prompt 1 only (8 failures: a pooled baseline that conflicts with own
-    learning): mini-batch 0 (prompts 0, 1) needs the solo loss's own backward, mini-batch 1 (prompts 2, 3)
-    does not — and the own gradient as g_s on mini-batch 0 would let the conflict through."""
+    learning): prompt 1's samples need the solo loss's own backward, prompt 3's do not — and the own gradient
+    as g_s on prompt 1 would let the conflict through."""
     peers = PeerBatch(group_rewards={1: [0] * 8})
-    w, stats, chosen = _guarded_updates(monkeypatch, "xgrpo", peers)
-    assert chosen == [False, True] and stats[0]["guard_projected"] > 0 and stats[1]["guard_hindsight"] < 0
-    w_full, stats_full, _ = _guarded_updates(monkeypatch, "xgrpo", peers, solo_is_own=[False, False])
+    rewards = [[0, 0, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0], [0, 1, 1, 0]]
+    w, stats, work = _guarded_updates(monkeypatch, "xgrpo", peers, rewards)
+    assert work.changed_from == [0, len(work.own_groups[1])] and work.solo_scale == 1.0
+    assert stats[0]["guard_projected"] > 0 and stats[1]["guard_hindsight"] < 0
+    w_full, stats_full, _ = _guarded_updates(monkeypatch, "xgrpo", peers, rewards, all_changed=True)
     assert torch.equal(w, w_full) and stats == stats_full
-    w_wrong, stats_wrong, _ = _guarded_updates(monkeypatch, "xgrpo", peers, solo_is_own=[True, True])
+    real = update_module._work
+    monkeypatch.setattr(update_module, "_work", lambda *a, **k: replace(real(*a, **k), changed_from=[9, 9]))
+    w_wrong, stats_wrong, _ = _guarded_updates(monkeypatch, "xgrpo", peers, rewards)
     assert not torch.equal(w, w_wrong) and stats_wrong != stats
+
+
+@pytest.mark.parametrize("name", ["prp", "hacpo"])
+def test_peer_rollouts_cost_a_second_backward_only_on_the_prompts_they_reach(monkeypatch, name):
+    """PRP and HACPO with peer rollouts for prompts 1 and 2 of 4: their totals count the peer samples (c ≠ 1),
+    prompts 0 and 3 keep solo's advantages (g_s from c × their gradient), prompts 1 and 2 take the second
+    backward; the update is the one the second backward everywhere gives, to float rounding."""
+    rewards = [[1, 0, 0, 1], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 1, 0]]
+    peers = PeerBatch(rollouts={1: [peer(1, 2, 0.0), peer(1, 3, 0.0)], 2: [peer(2, 2, 1.0), peer(2, 2, 1.0)]},
+                      capability={"j": 0.5})
+    calls = _count_second_backwards(monkeypatch)
+    w, stats, work = _guarded_updates(monkeypatch, name, peers, rewards)
+    fast = len(calls)
+    # D / D_solo: tokens (PRP under the default token-mean: 32 own + 9 peer) or sequences (HACPO: 16 + 4)
+    assert work.solo_scale == pytest.approx(41 / 32 if name == "prp" else 20 / 16)
+    assert all(0 < first < len(groups) for first, groups in zip(work.changed_from, work.own_groups))
+    changed = sorted(i for groups, first in zip(work.own_groups, work.changed_from) for g in groups[first:] for i in g)
+    assert changed == list(range(4, 12))                     # prompts 1 and 2's samples, nothing else
+    w_full, stats_full, _ = _guarded_updates(monkeypatch, name, peers, rewards, all_changed=True)
+    assert 0 < fast < len(calls) - fast
+    assert torch.allclose(w, w_full, rtol=1e-5, atol=1e-6)
+    for s, s_full in zip(stats, stats_full):
+        assert s.keys() == s_full.keys() and all(s[k] == pytest.approx(s_full[k], rel=1e-4, abs=1e-6) for k in s)

@@ -89,6 +89,20 @@ def test_none_plan_is_group_advantages_of_the_rewards(scale):
         mode("none").extra_loss(*rows([[-1.0]]), [Extra(0, [1])], update=0, max_tokens=8, totals={})
 
 
+@pytest.mark.parametrize("name", ["xgrpo", "prp", "hacpo"])
+def test_on_a_prompt_no_peer_reached_the_advantages_are_solos_exactly(name):
+    """The guard takes g_s from the own gradient wherever the plan left solo's advantages (mrl_trainer.update),
+    which it checks by exact equality: partial-credit rewards, peers on prompt 1 only."""
+    rewards = [[1, 0.3, 0, 0.7, 0.5], [0.3, 0.7, 0.5, 0, 1], [0.5, 0.5, 0.3, 1, 0.7]]
+    batch = make_batch(rewards)
+    peers = PeerBatch(group_rewards={1: [1, 1]}, rollouts={1: [peer(1, 2, 1.0), peer(1, 2, 0.0)]},
+                      capability={"j": 0.5})
+    solo = plan_of(mode("none"), batch).advantages
+    plan = plan_of(mode(name), batch, peers)
+    assert torch.equal(plan.advantages[:5], solo[:5]) and torch.equal(plan.advantages[10:], solo[10:])
+    assert not torch.equal(plan.advantages[5:10], solo[5:10])
+
+
 # --- XGRPO ---------------------------------------------------------------------------------------------------
 def _xgrpo_case():
     batch = make_batch([[1, 0, 0, 0], [0, 1, 1, 0]])

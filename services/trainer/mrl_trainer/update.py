@@ -10,10 +10,14 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
     for epoch in 0 .. μ−1, for b in 0 .. k−1 (a mini-batch with nothing to forward is skipped):
         w_b · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals) → backward
         guard:  g_s = ∇ w_b · Σ_micro  sharing.own_loss(…, A_solo[g], …, totals=the solo totals), the solo loss
-                (A_solo: own-group advantages). Where that is the loss above (A_solo = A on b's active samples and
-                plan.totals = the solo totals: SGT, or a step no peer reached), a copy of the gradient so far;
-                else one more backward per micro-batch, from the same forward (retain_graph; under FSDP, whose
-                sharded parameters take gradients only from backward passes, a forward and backward of its own)
+                (A_solo: own-group advantages). A sample whose advantage the plan left as solo's (A_i = A_solo,i
+                exactly) has the same per-token loss in both; only the normaliser D differs, so its part of g_s
+                is c = D / D_solo times its part of the gradient (losses.normaliser): the mini-batch's unchanged
+                samples are forwarded first, in micro-batches of their own, and g_s starts as c × the gradient
+                they accumulated (a copy); each micro-batch of changed samples adds one more backward of the solo
+                loss from the same forward (retain_graph; under FSDP, whose sharded parameters take gradients
+                only from backward passes, the changed micro-batches' solo loss takes a forward and backward of
+                its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
         guard:  grad ← guard.combine(g_m = grad, g_s)   (mrl_trainer.guard)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
@@ -47,6 +51,7 @@ import torch
 from mrl_trainer.distributed import Ranks, full, local
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch
+from mrl_trainer.losses import normaliser
 from mrl_trainer.sharing import Plan, SharingMode
 from mrl_trainer.sharing.base import solo_advantages
 
@@ -95,7 +100,10 @@ class _Work:
     weights: list[float]                    # [mini-batch] → w_b = P / P_b
     solo_advantages: torch.Tensor | None    # the guard's: own-group advantages of the active samples
     solo_totals: dict | None                # and the solo loss's normalisers
-    solo_is_own: list[bool]                 # [mini-batch] → the guard's solo loss is its own loss there
+    solo_scale: float                       # c = D / D_solo: the solo loss of a sample the plan left alone is
+                                            # c × its own loss (losses.normaliser of the two totals)
+    changed_from: list[int]                 # [mini-batch] → its first micro-batch of samples whose advantage
+                                            # the plan changed (the ones before hold only unchanged samples)
 
 
 def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
@@ -105,8 +113,8 @@ def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list
 
 def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing: SharingMode | None = None) -> _Work:
     """With `sharing` (its guard on), the solo loss's advantages and normalisers too, the own samples that
-    either loss needs, and the mini-batches where the two own losses are the same (same normalisers, and the
-    same advantages for the mini-batch's active samples)."""
+    either loss needs, and each mini-batch's own samples in two runs of micro-batches: first those whose
+    advantage the plan left as solo's (exactly), then those it changed."""
     flat = [s for group in batch.samples for s in group]
     flat_prompt = [p for p, group in enumerate(batch.samples) for _ in group]
     own_prompts = [group[0].prompt_ids for group in batch.samples]
@@ -127,14 +135,22 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
     own_parts = _split(list(range(len(active))), [flat_prompt[i] for i in active], parts)
     peer_parts = _split(list(range(len(extras))), [e.prompt_index for e in extras], parts)
     advantages, solo = plan.advantages[active], solo[active]
-    solo_totals = sharing.own_totals(batch) if sharing is not None else None
-    same = sharing is not None and plan.totals == solo_totals and advantages.dtype == solo.dtype
-    return _Work(len(flat), active, advantages, own, extras, peer,
-                 [grouped(part, own_lengths) for part in own_parts],
+    own_groups, changed_from, scale, solo_totals = [], [], 1.0, None
+    if sharing is None:
+        own_groups = [grouped(part, own_lengths) for part in own_parts]
+    else:
+        solo_totals = sharing.own_totals(batch)
+        scale = float(normaliser(sharing.aggregation, **plan.totals, max_tokens=1)
+                      / normaliser(sharing.aggregation, **solo_totals, max_tokens=1))
+        unchanged = (advantages == solo).tolist() if advantages.dtype == solo.dtype else [False] * len(active)
+        for part in own_parts:
+            kept = grouped([i for i in part if unchanged[i]], own_lengths)
+            own_groups.append(kept + grouped([i for i in part if not unchanged[i]], own_lengths))
+            changed_from.append(len(kept))
+    return _Work(len(flat), active, advantages, own, extras, peer, own_groups,
                  [grouped(part, peer_lengths) for part in peer_parts],
                  [n_prompts / max(len(part), 1) for part in parts],
-                 solo if sharing is not None else None, solo_totals,
-                 [same and torch.equal(advantages[part], solo[part]) for part in own_parts])
+                 solo if sharing is not None else None, solo_totals, scale, changed_from)
 
 
 def _backward(loss: torch.Tensor, scale: float, step: int, retain_graph: bool = False) -> float:
@@ -165,35 +181,44 @@ def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
-                scale: float = 1.0, solo: list | None = None, params: list | None = None,
+                scale: float = 1.0, solo: list | None = None, changed: list | None = None, params: list | None = None,
                 ranks: Ranks = Ranks()) -> float:
     """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
     statistics to `per_sequence`. With `solo` (the guard's buffers, one per param, None), also puts in it g_s, ∇
-    of scale × the solo loss (own-group advantages, solo normalisers): where that is the own loss
-    (work.solo_is_own[b]), a copy of the gradient accumulated over the own micro-batches (this rank's shards),
-    before the extras'; else, per own micro-batch, a second backward (autograd.grad) of the solo loss from the
-    same forward (a single process only: under FSDP update() computes it with _sharded_solo). Under several
-    ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo FSDP's average, and adds its
-    share."""
-    separate = solo is not None and not work.solo_is_own[b]
+    of scale × the solo loss (own-group advantages, solo normalisers):
+
+        g_s = c · Σ_{unchanged micro-batches} g_own  +  Σ_{changed micro-batches} ∇ solo loss
+
+    the first term a scaled copy of the gradient accumulated over the unchanged micro-batches (this rank's
+    shards), taken when they are done (work.solo_scale: a sample whose advantage the plan left alone has the same
+    per-token loss in both, only the normaliser differs); the second `changed` when given (under FSDP:
+    _sharded_solo), else, per changed micro-batch, a second backward (autograd.grad) of the solo loss from the
+    same forward. Under several ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo
+    FSDP's average, and adds its share."""
+    groups, first_changed = work.own_groups[b], work.changed_from[b] if solo is not None else 0
+    second = solo is not None and changed is None
+    if second:
+        changed = [None] * len(params)
     loss_total = 0.0
-    for whole in work.own_groups[b]:
+    for j, whole in enumerate(groups):
+        if solo is not None and j == first_changed:
+            _take_scaled(solo, params, work.solo_scale)
+        retain = second and j >= first_changed
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
         loss, stats = sharing.own_loss(logp, old_logp, work.advantages[g].to(logp.device), mask, ref_logp=ref,
                                        max_tokens=max_tokens, totals=plan.totals)
-        loss_total += _backward(loss, weight, step, retain_graph=separate)
-        if separate:
+        loss_total += _backward(loss, weight, step, retain_graph=retain)
+        if retain:
             solo_loss = _solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens)
-            grads = torch.autograd.grad(solo_loss * weight, params, allow_unused=True)
-            for i, gr in enumerate(grads):
-                if gr is not None:
-                    solo[i] = gr if solo[i] is None else solo[i] + gr
+            _add(changed, torch.autograd.grad(solo_loss * weight, params, allow_unused=True))
         for name, value in stats.items():
             sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active) * bool(weight)
-    if solo is not None and not separate:
-        solo[:] = [None if p.grad is None else local(p.grad).clone() for p in params]
+    if solo is not None:
+        if first_changed >= len(groups):
+            _take_scaled(solo, params, work.solo_scale)
+        _add(solo, changed)
     for whole in work.extra_groups[b]:
         g, weight = _dealt(whole, ranks, scale)
         logp, mask = logprobs(*work.peer.take(g))
@@ -206,19 +231,31 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
     return loss_total
 
 
+def _take_scaled(solo: list, params: list, c: float) -> None:
+    """solo ← c × the gradient accumulated so far (this rank's shards), a copy."""
+    solo[:] = [None if p.grad is None else local(p.grad) * c for p in params]
+
+
+def _add(buffers: list, grads) -> None:
+    """buffers[i] += grads[i], where a None is 0."""
+    for i, g in enumerate(grads):
+        if g is not None:
+            buffers[i] = g if buffers[i] is None else buffers[i] + g
+
+
 def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int, old, params: list, *,
                   max_tokens: int, reference: LogProbs | None, step: int, scale: float, ranks: Ranks) -> list:
-    """The guard's g_s of mini-batch b when FSDP shards the parameters: a sharded parameter gets its gradient only
-    from a backward pass (not from autograd.grad), so the solo loss takes a forward and backward of its own; its
-    gradient (this rank's shards) is returned and cleared."""
-    for whole in work.own_groups[b]:
+    """The changed micro-batches' part of the guard's g_s of mini-batch b when FSDP shards the parameters: a
+    sharded parameter gets its gradient only from a backward pass (not from autograd.grad), so their solo loss
+    takes a forward and backward of its own; its gradient (this rank's shards) is returned and cleared."""
+    for whole in work.own_groups[b][work.changed_from[b]:]:
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
         _backward(_solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens), weight, step)
-    solo = [None if p.grad is None else local(p.grad).clone() for p in params]
+    changed = [None if p.grad is None else local(p.grad).clone() for p in params]
     for p in params:
         p.grad = None
-    return solo
+    return changed
 
 
 def _dealt(group: list[int], ranks: Ranks, scale: float) -> tuple[list[int], float]:
@@ -252,13 +289,13 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             if not work.own_groups[b] and not work.extra_groups[b]:
                 continue
             solo = [None] * len(params) if guard is not None else None
-            apart = solo is not None and ranks.sharded and not work.solo_is_own[b]    # g_s needs its own pass
-            if apart:
-                solo = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
-                                     reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
+            changed = None
+            if solo is not None and ranks.sharded:
+                changed = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
+                                        reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
             loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
                                       reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
-                                      scale=work.weights[b], solo=None if apart else solo, params=params,
+                                      scale=work.weights[b], solo=solo, changed=changed, params=params,
                                       ranks=ranks)
             if guard is not None:
                 evidence.append(guard.combine(params, solo, ranks))

@@ -42,7 +42,7 @@ from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_loss
 from mrl_trainer.losses import Aggregation
 from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier,
-                                      cross_log_ratio, pooled_peers)
+                                      cross_log_ratio, pooled_peers, solo_advantages)
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -144,7 +144,11 @@ class HACPO(SharingMode):
             pooled.append(samples)
             disputed += differ
         measured = self.measure_capabilities(pooled)
+        solo = solo_advantages(batch, self.loss).split([len(group) for group in batch.rewards])
         for p, group in enumerate(batch.rewards):
+            if not pooled[p]:   # the mixed baseline of the own group alone is GRPO's: taken as solo computes it
+                own_advantages += solo[p].tolist()
+                continue
             omega_kj = [capability_ratio(capability, measured[s.producer]) for s in pooled[p]]
             advantages = mixed_advantages(
                 torch.tensor([*group, *(s.reward for s in pooled[p])], dtype=torch.float64),
