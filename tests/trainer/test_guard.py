@@ -62,6 +62,50 @@ def test_per_tensor_projection_removes_a_conflict_that_the_whole_model_sum_hides
     assert all(float(g @ s) >= float(s @ s) for g, s in zip(per_tensor, g_s))   # never worse than solo, per tensor
 
 
+def test_a_peer_term_that_lowers_a_remembered_success_is_projected_out_too():
+    """g_s = (1, 0, 0), d = (0, −1, 1): no conflict with the batch's own gradient, but it raises the NLL of a
+    remembered success (g_r = (0, 1, 0)): with the memory that part goes, the rest of d stays."""
+    g_s, g_r = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0])
+    p = _param([1.0, -1.0, 1.0])
+    evidence = Guard(GuardConfig()).combine([p], [g_s.clone()])
+    assert torch.equal(p.grad, torch.tensor([1.0, -1.0, 1.0])) and "remembered" not in evidence
+    p = _param([1.0, -1.0, 1.0])
+    evidence = Guard(GuardConfig(memory=4)).combine([p], [g_s.clone()], remembered=[g_r])
+    assert torch.allclose(p.grad, torch.tensor([1.0, 0.0, 1.0]))          # g_s + d⊥, d⊥ = (0, 0, 1)
+    assert evidence["remembered"] == 1.0 and evidence["projected"] == 0.0
+    p = _param([1.0, 1.0, 1.0])                                             # d = (0, 1, 1) lowers the NLL: kept
+    assert Guard(GuardConfig(memory=4)).combine([p], [g_s.clone()], remembered=[g_r])["remembered"] == 0.0
+    assert torch.equal(p.grad, torch.tensor([1.0, 1.0, 1.0]))
+
+
+def test_the_memory_keeps_the_newest_own_success_of_the_most_recently_solved_prompts():
+    guard = Guard(GuardConfig(memory=2, memory_batch=1))
+    guard.remember(make_batch([[0, 1, 1, 0], [0, 0, 0, 0]], [[1, 2, 3, 4], [1, 1, 1, 1]]))
+    assert list(guard.memory.values()) == [list(range(10, 13))]          # prompt 0's last success (3 tokens)
+    batch = make_batch([[1, 0], [0, 1]], [[5, 1], [1, 6]])
+    for p, group in enumerate(batch.samples):                             # two other prompts
+        for sample in group:
+            sample.prompt_ids = [7, p]
+    guard.remember(batch)
+    assert list(guard.memory) == [(7, 0), (7, 1)]                        # the oldest prompt forgotten
+    prompts, completions = guard.recall()
+    assert len(prompts) == 1 and completions[0] == guard.memory[tuple(prompts[0])]
+
+
+def test_the_update_projects_against_the_remembered_successes_and_a_checkpoint_keeps_them():
+    rewards = [[1, 0, 0, 1], [0, 0, 0, 0]]
+    batch, peers = make_batch(rewards), PeerBatch(group_rewards={1: [1, 1, 0, 0]})
+    sharing = make_sharing(sharing_config(mode="xgrpo", guard={"memory": 8}), LossConfig())
+    table = _Table()
+    optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
+    plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
+    stats = update(table, list(table.parameters()), optimizer, sharing, LossConfig(), batch, plan, max_tokens=8)
+    assert "guard_remembered" in stats and len(sharing.guard.memory) == 1   # the batch's success, remembered first
+    resumed = make_sharing(sharing_config(mode="xgrpo", guard={"memory": 8}), LossConfig())
+    resumed.restore(sharing.state())
+    assert resumed.guard.memory == sharing.guard.memory
+
+
 def test_without_an_own_gradient_the_peer_term_passes_and_is_no_evidence():
     p = _param([0.0, 3.0])
     evidence = Guard(GuardConfig()).combine([p], [None])

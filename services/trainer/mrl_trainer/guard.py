@@ -19,6 +19,17 @@ Projection (gradient surgery, as PCGrad): the conflicting component of d is remo
 over the whole model (projection: model), or on each parameter tensor p on its own (projection: tensor:
 d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
 
+Memory (optional, `memory` > 0; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
+its own verified successes (reward ≥ 1), the newest per prompt, for the `memory` most recently solved
+prompts, and each step draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
+
+    g_r  = ∇ (1/|R|) Σ_i −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)
+    d⊥  ← d⊥ − min(0, ⟨d⊥, g_r⟩) / ‖g_r‖² · g_r              so ⟨d⊥, g_r⟩ ≥ 0 as well (per tensor, likewise)
+
+so to first order the peer term cannot make the policy less likely to produce what it has solved before:
+evidence on prompts outside the step's batch, where a peer's pull on shared parameters (format drag, a
+push-down that spreads) shows, while the own gradient of the batch cannot see it.
+
 Trust, learned in hindsight: does the direction the peers added at the last step agree with where the
 receiver's own samples pull now?
 
@@ -45,6 +56,8 @@ peers it turns them down together. τ is checkpointed with the trainer (SharingM
 is not, so the first step after a resume has no hindsight and leaves τ as it was.
 """
 import math
+import random
+from collections import OrderedDict
 from typing import Literal
 
 import torch
@@ -66,6 +79,12 @@ class GuardConfig(BaseModel):
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
                              "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
                              "removed even when the other layers agree).")
+    memory: int = Field(0, ge=0, le=4096, description="Own verified successes remembered (the newest per prompt, "
+                                                      "for up to this many prompts); the peer term is also "
+                                                      "projected so that it cannot lower their likelihood "
+                                                      "(A-GEM). 0: no memory.")
+    memory_batch: int = Field(8, ge=1, le=256, description="Remembered successes whose gradient each step "
+                                                           "takes (one more forward and backward over them).")
 
 
 class Guard:
@@ -74,8 +93,10 @@ class Guard:
     stats = {"guard_agreement": "guard: cos(peer term, own gradient)",
              "guard_projected": "guard: share of updates projected",
              "guard_hindsight": "guard: cos(last step's peer term, own gradient)",
-             "guard_trust": "guard: trust τ"}
-    figures = {"guard": ("guard_agreement", "guard_hindsight", "guard_projected", "guard_trust")}
+             "guard_trust": "guard: trust τ",
+             "guard_remembered": "guard: share of updates projected against the remembered successes"}
+    figures = {"guard": ("guard_agreement", "guard_hindsight", "guard_projected", "guard_remembered",
+                         "guard_trust")}
     cumulative = frozenset()
     summary = {"guard_trust": "mean guard trust τ"}
 
@@ -84,33 +105,67 @@ class Guard:
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
+        self.memory: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()   # prompt ids → newest own success
+        self._rng = random.Random(0)
 
-    def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks()
-                ) -> dict[str, float]:
-        """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0). The evidence:
-        agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one), projected (0 or 1;
-        projection: tensor, the share of parameter tensors projected).
+    def remember(self, batch) -> None:
+        """Keep each prompt's newest own success (reward ≥ 1) of the step's batch, for the `memory` most recently
+        solved prompts."""
+        if not self.config.memory:
+            return
+        for group, rewards in zip(batch.samples, batch.rewards):
+            solved = [s for s, r in zip(group, rewards) if r >= 1.0 and s.ids]
+            if solved:
+                key = tuple(group[0].prompt_ids)
+                self.memory.pop(key, None)
+                self.memory[key] = list(solved[-1].ids)
+                while len(self.memory) > self.config.memory:
+                    self.memory.popitem(last=False)
+
+    def recall(self) -> tuple[list[list[int]], list[list[int]]]:
+        """`memory_batch` remembered successes drawn at random (all of them when fewer): prompts, completions."""
+        chosen = self._rng.sample(list(self.memory), min(len(self.memory), self.config.memory_batch))
+        return [list(key) for key in chosen], [self.memory[key] for key in chosen]
+
+    def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks(),
+                remembered: list[torch.Tensor | None] | None = None) -> dict[str, float]:
+        """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0), and `remembered` g_r,
+        the gradient of the remembered successes' NLL (None: no memory): d⊥ is then also projected against it.
+        The evidence: agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one),
+        projected (0 or 1; projection: tensor, the share of parameter tensors projected), and with a memory
+        remembered (0 or 1, or that share: d⊥ lowered the likelihood of the remembered successes).
         Parameter by parameter, so that no gradient-sized copy of the whole model is made; the inner products
         are float32 chunks summed in float64 (_dot). Under FSDP each rank holds its shards of the gradients:
         the inner products are summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         d = [local(p.grad) - g if p.grad is not None else -g for p, g in zip(params, g_s)]
+        g_r = None if remembered is None else \
+            [local(r) if r is not None else torch.zeros_like(local(p)) for r, p in zip(remembered, params)]
         n = len(params)
         tensor_dots = [_dot([x], [y]) for x, y in zip(d, g_s)] + [_dot([y], [y]) for y in g_s]
+        if g_r is not None:       # ⟨d, g_r⟩, ⟨g_s, g_r⟩, ‖g_r‖² per tensor
+            tensor_dots += [_dot([x], [r]) for x, r in zip(d, g_r)] + [_dot([y], [r]) for y, r in zip(g_s, g_r)] + \
+                [_dot([r], [r]) for r in g_r]
         products = tensor_dots + [_dot(d, d)]
         if self.previous is not None:
             products.append(_dot(self.previous, g_s))
         summed = ranks.sum(products)
-        dots, sss, (dd, *hind) = summed[:n], summed[n:2 * n], summed[2 * n:]
+        parts = [summed[i * n:(i + 1) * n] for i in range(len(tensor_dots) // n)]
+        dd, *hind = summed[len(tensor_dots):]
+        dots, sss = parts[0], parts[1]
         dot, ss = sum(dots), sum(sss)
-        if self.config.projection == "model":
-            coefficients = [dot / ss if dot < 0 and ss > 0 else 0.0] * n
-        else:
-            coefficients = [x / y if x < 0 and y > 0 else 0.0 for x, y in zip(dots, sss)]
+        coefficients = _projection(self.config.projection, dots, sss)
+        remembered_coefficients = [0.0] * n
+        if g_r is not None:       # ⟨d − c·g_s, g_r⟩ per tensor, then the same projection against g_r
+            d_r, s_r, rr = parts[2], parts[3], parts[4]
+            remembered_coefficients = _projection(self.config.projection,
+                                                  [x - c * y for x, c, y in zip(d_r, coefficients, s_r)], rr)
         peer = d                                                   # τ·d⊥, made in place of d
-        for p, gp, pp, c in zip(params, g_s, peer, coefficients):
+        for p, gp, pp, c, c_r, gr in zip(params, g_s, peer, coefficients, remembered_coefficients, g_r or g_s):
             if c:
                 pp.sub_(gp, alpha=c)
+            if c_r:
+                pp.sub_(gr, alpha=c_r)
             pp.mul_(self.trust)
             if p.grad is None:
                 p.grad = gp + pp
@@ -121,15 +176,20 @@ class Guard:
         else:
             for total, pp in zip(self._direction, peer):
                 total.add_(pp)
-        projected = sum(c != 0 for c in coefficients) / max(n, 1)
-        return {"agreement": _cos(dot, ss, dd), "projected": projected,
-                "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
+        evidence = {"agreement": _cos(dot, ss, dd), "projected": sum(c != 0 for c in coefficients) / max(n, 1),
+                    "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
+        if g_r is not None:
+            evidence["remembered"] = sum(c != 0 for c in remembered_coefficients) / max(n, 1)
+        return evidence
 
     def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
         """End of a step: τ ← (1 − η)τ + η·1[mean hindsight ≥ 0] (no change without hindsight); this step's
         peer direction becomes the next step's `previous`. The step's guard stats (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
                  "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
+        remembered = [e["remembered"] for e in evidence if "remembered" in e]
+        if remembered:
+            stats["guard_remembered"] = sum(remembered) / len(remembered)
         for key in ("agreement", "hindsight"):
             values = [e[key] for e in evidence if not math.isnan(e[key])]
             if values:
@@ -143,6 +203,15 @@ class Guard:
                 self.previous, self._previous_ss = self._direction, ss
         self._direction = None
         return stats
+
+
+def _projection(where: str, dots: list[float], norms: list[float]) -> list[float]:
+    """Per parameter tensor, the coefficient c of d⊥ = d − c·g from ⟨d_p, g_p⟩ and ‖g_p‖²: min(0, ⟨d, g⟩) / ‖g‖²
+    over the whole model (model) or per tensor (tensor)."""
+    if where == "model":
+        dot, ss = sum(dots), sum(norms)
+        return [dot / ss if dot < 0 and ss > 0 else 0.0] * len(dots)
+    return [x / y if x < 0 and y > 0 else 0.0 for x, y in zip(dots, norms)]
 
 
 def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = 1 << 16) -> float:

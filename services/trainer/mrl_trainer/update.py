@@ -7,6 +7,8 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
               own samples and the extras of its prompts, split by micro_batches(lengths, loss.micro_batch_tokens)
     old     = π_old log-probs of every own micro-batch, before the first optimizer step, when μ·k > 1
               (else logp.detach(): on-policy, no extra forward)
+    g_r     = with a guard memory: ∇ of the NLL of the own successes the guard recalls (the batch's own
+              successes remembered first), a forward and backward of its own, before the first optimizer step
     for epoch in 0 .. μ−1, for b in 0 .. k−1 (a mini-batch with nothing to forward is skipped):
         w_b · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals) → backward
         guard:  g_s = ∇ w_b · Σ_micro  sharing.own_loss(…, A_solo[g], …, totals=the solo totals), the solo loss
@@ -19,7 +21,7 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 only from backward passes, the changed micro-batches' solo loss takes a forward and backward of
                 its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
-        guard:  grad ← guard.combine(g_m = grad, g_s)   (mrl_trainer.guard)
+        guard:  grad ← guard.combine(g_m = grad, g_s, g_r)   (mrl_trainer.guard)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
               before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
@@ -51,7 +53,7 @@ import torch
 from mrl_trainer.distributed import Ranks, full, local
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import normaliser
+from mrl_trainer.losses import masked_seq_mean, normaliser
 from mrl_trainer.sharing import Plan, SharingMode
 from mrl_trainer.sharing.base import solo_advantages
 
@@ -258,6 +260,24 @@ def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int,
     return changed
 
 
+def _remembered_gradient(logprobs: LogProbs, params: list, guard, budget: int, step: int, ranks: Ranks) -> list | None:
+    """g_r = ∇ of the NLL of the successes the guard recalls, (1/n) Σ_i −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)
+    (this rank's shards), returned and cleared; None without a memory or before anything is remembered. A
+    forward and backward of its own, before the step's first micro-batch."""
+    if guard is None or not guard.config.memory or not guard.memory:
+        return None
+    prompts, completions = guard.recall()
+    remembered = Sequences(prompts, completions)
+    for whole in micro_batches(remembered.lengths(), budget):
+        g, weight = _dealt(whole, ranks, 1.0)
+        logp, mask = logprobs(*remembered.take(g))
+        _backward(-masked_seq_mean(logp, mask).sum() / len(completions), weight, step)
+    gradient = [None if p.grad is None else local(p.grad).clone() for p in params]
+    for p in params:
+        p.grad = None
+    return gradient
+
+
 def _dealt(group: list[int], ranks: Ranks, scale: float) -> tuple[list[int], float]:
     """This rank's deal of a micro-batch and the weight of its loss: scale × N; a rank dealt nothing forwards
     the micro-batch's first sequence with weight 0 (so that FSDP's collectives stay in step)."""
@@ -274,6 +294,8 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     (every rank calls it with the whole batch and plan) each forwards its deal and the statistics are the
     whole step's."""
     guard = sharing.guard
+    if guard is not None:
+        guard.remember(batch)
     work = _work(batch, plan, loss_cfg, loss_cfg.mini_batches, sharing if guard is not None else None)
     if not work.active and not work.extras:
         return {"skipped": 1.0, "extras": 0, **plan.stats}
@@ -282,6 +304,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
         with torch.no_grad():
             old = {tuple(g): logprobs(*work.own.take(g))[0]
                    for part in work.own_groups for whole in part for g in [_dealt(whole, ranks, 1.0)[0]]}
+    remembered = _remembered_gradient(logprobs, params, guard, loss_cfg.micro_batch_tokens, batch.step, ranks)
     m, evidence = 0, []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
@@ -298,7 +321,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
                                       scale=work.weights[b], solo=solo, changed=changed, params=params,
                                       ranks=ranks)
             if guard is not None:
-                evidence.append(guard.combine(params, solo, ranks))
+                evidence.append(guard.combine(params, solo, ranks, remembered))
             grad_norm = full(torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm))
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -333,11 +356,12 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
     for p in params:
         p.grad = None
     if work.active or work.extras:
+        remembered = _remembered_gradient(logprobs, params, guard, loss_cfg.micro_batch_tokens, batch.step, Ranks())
         solo = [None] * len(params) if guard is not None else None
         _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
                     step=batch.step, sums={}, per_sequence={}, solo=solo, params=params)
         if guard is not None:
-            guard.combine(params, solo)
+            guard.combine(params, solo, remembered=remembered)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
         p.grad = None

@@ -144,13 +144,18 @@ class SharingMode:
 
     def state(self) -> dict:
         """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
-        the guard's trust τ. Plain values only."""
-        return {"guard_trust": self.guard.trust} if self.guard is not None else {}
+        the guard's trust τ and memory. Plain values only."""
+        if self.guard is None:
+            return {}
+        return {"guard_trust": self.guard.trust,
+                "guard_memory": [[list(prompt), ids] for prompt, ids in self.guard.memory.items()]}
 
     def restore(self, state: dict) -> None:
         """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
         if self.guard is not None and "guard_trust" in state:
             self.guard.trust = float(state["guard_trust"])
+        if self.guard is not None:
+            self.guard.memory.update((tuple(prompt), list(ids)) for prompt, ids in state.get("guard_memory", []))
 
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
