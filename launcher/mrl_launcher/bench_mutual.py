@@ -28,7 +28,8 @@ not all waiting: `peer_wait_s_mean` (seconds per step waited for peers) tells th
 as means over the steps that ended in the window: rollout_s_mean, update_s_mean, exchange_s_mean (the rest
 of the step: publishing, taking the peers' experience with THL, planning, the peer wait) and active_mean
 (the share of the step's samples the update trained on: the update skips samples of zero advantage, so a
-policy whose rewards spread more under sharing also trains on more of its batch).
+policy whose rewards spread more under sharing also trains on more of its batch) and tokens_mean (the tokens
+the step's rollout generated: a policy that learns longer answers from its peer also rolls out longer).
 
 W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
 the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
@@ -36,7 +37,7 @@ the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 t
 
 The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
-steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean[, peer_wait_s_mean,
+steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean, tokens_mean[, peer_wait_s_mean,
 peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
 fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]).
 """
@@ -62,7 +63,8 @@ RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metr
 QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
 FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
 PEER_MEANS = ("peer_wait_s", "peers_complete")
-STEP_MEANS = ("rollout_s", "update_s", "active")   # where a step's time went, and the share of samples trained on
+STEP_MEANS = ("rollout_s", "update_s", "active", "tokens")   # where a step's time went, the share of samples
+                                                            # trained on, and the tokens its rollout generated
 PEER_TOTALS = ("peer_samples", "sgt_accepted")
 
 

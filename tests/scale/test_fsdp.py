@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.scale, pytest.mark.slow]
 
 WORKER = pathlib.Path(__file__).with_name("fsdp_worker.py")
 # Means the own loss reports per micro-batch (clip fractions, ratio): a rank's share of a micro-batch weighs them
-# by its sequences, not its tokens, so they agree with the single process's only roughly.
+# by its sequences, not its tokens, so they agree with the single process's only roughly (within 0.02 here).
 ROUGH = {"ratio_mean", "clip_low", "clip_high"}
 
 
@@ -50,7 +50,7 @@ def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path
             assert a.keys() == b.keys(), mode
             for name, value in a.items():
                 if name in ROUGH:
-                    assert b[name] == pytest.approx(value, abs=1e-2), (mode, name)
+                    assert b[name] == pytest.approx(value, abs=2e-2), (mode, name)
                 elif isinstance(value, float) and value == value:
                     assert b[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (mode, name)
     assert single["sgt"]["stats"][-1]["extras"] > 0 and single["xgrpo"]["stats"][-1]["guard_projected"] > 0

@@ -19,7 +19,7 @@ Projection (gradient surgery, as PCGrad): the conflicting component of d is remo
 over the whole model (projection: model), or on each parameter tensor p on its own (projection: tensor:
 d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
 
-Memory (optional, `memory` > 0; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
+Memory (`memory` > 0, the default; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
 its own verified successes (reward ≥ 1), the newest per prompt, for the `memory` most recently solved
 prompts, and each step draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
 
@@ -79,10 +79,10 @@ class GuardConfig(BaseModel):
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
                              "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
                              "removed even when the other layers agree).")
-    memory: int = Field(0, ge=0, le=4096, description="Own verified successes remembered (the newest per prompt, "
-                                                      "for up to this many prompts); the peer term is also "
-                                                      "projected so that it cannot lower their likelihood "
-                                                      "(A-GEM). 0: no memory.")
+    memory: int = Field(64, ge=0, le=4096, description="Own verified successes remembered (the newest per prompt, "
+                                                       "for up to this many prompts); the peer term is also "
+                                                       "projected so that it cannot lower their likelihood "
+                                                       "(A-GEM). 0: no memory.")
     memory_batch: int = Field(8, ge=1, le=256, description="Remembered successes whose gradient each step "
                                                            "takes (one more forward and backward over them).")
 
