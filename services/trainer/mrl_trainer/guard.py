@@ -43,17 +43,18 @@ so to first order the update improves the own objective at least as much as solo
 (every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and τ is not updated.
 With τ = 1 and no conflict the update is the mode's own.
 
-Costs: three gradient-sized buffers (g_s, d, the last step's direction), and computing g_s. An own sample
-whose advantage the mode left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and
-HACPO's on prompts no peer reached) adds to the solo loss c times what it adds to the mode's own loss, where
-c = D / D_solo is the ratio of the two normalisers (1 but for PRP and HACPO, which count the peer samples):
-its part of g_s is c times a copy of its accumulated gradient, no extra compute. Each micro-batch of samples
-whose advantage the mode changed takes one more backward (the solo loss, from the same forward; under torchrun
-a forward and backward of its own); mrl_trainer.update sorts the samples on exact equality.
+Costs: four gradient-sized buffers (g_s, d, the last step's direction, g_r), one forward and backward over
+the recalled successes per step, and computing g_s. An own sample whose advantage the mode left as solo's
+(SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer reached) adds
+to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio of the two
+normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a copy of
+its accumulated gradient, no extra compute. Each micro-batch of samples whose advantage the mode changed
+takes one more backward (the solo loss, from the same forward; under torchrun a forward and backward of its
+own); mrl_trainer.update sorts the samples on exact equality.
 
 The guard sees the whole peer term of a step, so its trust is per mode (one τ per receiver): with several
-peers it turns them down together. τ is checkpointed with the trainer (SharingMode.state); the last direction
-is not, so the first step after a resume has no hindsight and leaves τ as it was.
+peers it turns them down together. τ and the memory are checkpointed with the trainer (SharingMode.state); the
+last direction is not, so the first step after a resume has no hindsight and leaves τ as it was.
 """
 import math
 import random
