@@ -104,6 +104,9 @@ def test_the_update_projects_against_the_remembered_successes_and_a_checkpoint_k
     resumed = make_sharing(sharing_config(mode="xgrpo", guard={"memory": 8}), LossConfig())
     resumed.restore(sharing.state())
     assert resumed.guard.memory == sharing.guard.memory
+    plan = sharing.plan(batch, PeerBatch(), capability=0.5, verify=answer_verifier(batch))    # no peer term
+    stats = update(table, list(table.parameters()), optimizer, sharing, LossConfig(), batch, plan, max_tokens=8)
+    assert "guard_remembered" not in stats                    # nothing to project: no recall, no extra backward
 
 
 def test_without_an_own_gradient_the_peer_term_passes_and_is_no_evidence():

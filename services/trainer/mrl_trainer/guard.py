@@ -21,7 +21,7 @@ d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p
 
 Memory (`memory` > 0, the default; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
 its own verified successes (reward ≥ 1), the newest per prompt, for the `memory` most recently solved
-prompts, and each step draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
+prompts, and each step with a peer term draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
 
     g_r  = ∇ (1/|R|) Σ_i −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)
     d⊥  ← d⊥ − min(0, ⟨d⊥, g_r⟩) / ‖g_r‖² · g_r              so ⟨d⊥, g_r⟩ ≥ 0 as well (per tensor, likewise)
@@ -44,7 +44,7 @@ so to first order the update improves the own objective at least as much as solo
 With τ = 1 and no conflict the update is the mode's own.
 
 Costs: four gradient-sized buffers (g_s, d, the last step's direction, g_r), one forward and backward over
-the recalled successes per step, and computing g_s. An own sample whose advantage the mode left as solo's
+the recalled successes per step with a peer term, and computing g_s. An own sample whose advantage the mode left as solo's
 (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer reached) adds
 to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio of the two
 normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a copy of
@@ -84,8 +84,9 @@ class GuardConfig(BaseModel):
                                                        "for up to this many prompts); the peer term is also "
                                                        "projected so that it cannot lower their likelihood "
                                                        "(A-GEM). 0: no memory.")
-    memory_batch: int = Field(8, ge=1, le=256, description="Remembered successes whose gradient each step "
-                                                           "takes (one more forward and backward over them).")
+    memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
+                                                           "a peer term takes (one more forward and backward "
+                                                           "over them).")
 
 
 class Guard:

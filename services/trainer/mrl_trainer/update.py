@@ -107,6 +107,11 @@ class _Work:
     changed_from: list[int]                 # [mini-batch] → its first micro-batch of samples whose advantage
                                             # the plan changed (the ones before hold only unchanged samples)
 
+    def has_peer_term(self) -> bool:
+        """Whether the mode's update can differ from solo's: extras, changed advantages or normalisers."""
+        return bool(self.extras) or self.solo_scale != 1.0 or \
+            any(first < len(groups) for first, groups in zip(self.changed_from, self.own_groups))
+
 
 def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
     """`indices` by the part of the prompts each one's prompt falls in."""
@@ -260,11 +265,12 @@ def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int,
     return changed
 
 
-def _remembered_gradient(logprobs: LogProbs, params: list, guard, budget: int, step: int, ranks: Ranks) -> list | None:
+def _remembered_gradient(logprobs: LogProbs, params: list, guard, work: _Work, budget: int, step: int,
+                         ranks: Ranks) -> list | None:
     """g_r = ∇ of the NLL of the successes the guard recalls, (1/n) Σ_i −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)
-    (this rank's shards), returned and cleared; None without a memory or before anything is remembered. A
-    forward and backward of its own, before the step's first micro-batch."""
-    if guard is None or not guard.config.memory or not guard.memory:
+    (this rank's shards), returned and cleared; None without a memory, before anything is remembered, or when
+    the step has no peer term to project. A forward and backward of its own, before the first micro-batch."""
+    if guard is None or not guard.config.memory or not guard.memory or not work.has_peer_term():
         return None
     prompts, completions = guard.recall()
     remembered = Sequences(prompts, completions)
@@ -304,7 +310,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
         with torch.no_grad():
             old = {tuple(g): logprobs(*work.own.take(g))[0]
                    for part in work.own_groups for whole in part for g in [_dealt(whole, ranks, 1.0)[0]]}
-    remembered = _remembered_gradient(logprobs, params, guard, loss_cfg.micro_batch_tokens, batch.step, ranks)
+    remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step, ranks)
     m, evidence = 0, []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
@@ -356,7 +362,8 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
     for p in params:
         p.grad = None
     if work.active or work.extras:
-        remembered = _remembered_gradient(logprobs, params, guard, loss_cfg.micro_batch_tokens, batch.step, Ranks())
+        remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step,
+                                          Ranks())
         solo = [None] * len(params) if guard is not None else None
         _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
                     step=batch.step, sums={}, per_sequence={}, solo=solo, params=params)
