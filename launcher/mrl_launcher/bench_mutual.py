@@ -39,7 +39,10 @@ The last stdout line is one JSON object: bench, quick, machine, cores, threads_p
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
 steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean, tokens_mean[, peer_wait_s_mean,
 peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
-fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]).
+fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]), and
+fast_tokens_ratio_vs_solo and slow_tokens_ratio_vs_solo: the same ratios of generated tokens per minute
+(steps_per_min × tokens_mean), which tell a policy that steps slower because it learned longer answers from its
+peer from one whose steps cost more.
 """
 import json
 import os
@@ -189,10 +192,15 @@ def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join
     result["slow"] = min(alone, key=lambda p: alone[p]["steps_per_min"])
     for arm in chosen[1:]:
         for side in ("fast", "slow"):
-            policy = result[side]
-            result[arm][f"{side}_ratio_vs_solo"] = round(
-                result[arm]["policies"][policy]["steps_per_min"] / alone[policy]["steps_per_min"], 3)
+            policy, shared = result[side], result[arm]["policies"][result[side]]
+            result[arm][f"{side}_ratio_vs_solo"] = round(shared["steps_per_min"] / alone[policy]["steps_per_min"], 3)
+            if shared.get("tokens_mean") and alone[policy].get("tokens_mean"):
+                result[arm][f"{side}_tokens_ratio_vs_solo"] = round(
+                    shared["steps_per_min"] * shared["tokens_mean"]
+                    / (alone[policy]["steps_per_min"] * alone[policy]["tokens_mean"]), 3)
         print(f"  {arm}: fast ({result['fast']}) ×{result[arm]['fast_ratio_vs_solo']} of alone, slow "
-              f"({result['slow']}) ×{result[arm]['slow_ratio_vs_solo']}", flush=True)
+              f"({result['slow']}) ×{result[arm]['slow_ratio_vs_solo']} (generated tokens per minute: ×"
+              f"{result[arm].get('fast_tokens_ratio_vs_solo')}, ×{result[arm].get('slow_tokens_ratio_vs_solo')})",
+              flush=True)
     print(json.dumps(result), flush=True)
     return result

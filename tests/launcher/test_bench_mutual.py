@@ -70,6 +70,7 @@ def _quick(tmp_path, arms: str) -> dict:
             policy = result[side]
             expected = result[arm]["policies"][policy]["steps_per_min"] / result["alone"]["policies"][policy]["steps_per_min"]
             assert result[arm][f"{side}_ratio_vs_solo"] == pytest.approx(expected, abs=1e-3)
+            assert result[arm][f"{side}_tokens_ratio_vs_solo"] > 0
     assert all("peer_wait_s_mean" not in f for f in result["alone"]["policies"].values())   # mode none: no peers
     return result
 
