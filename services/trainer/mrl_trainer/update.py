@@ -147,7 +147,7 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
         own_groups = [grouped(part, own_lengths) for part in own_parts]
     else:
         solo_totals = sharing.own_totals(batch)
-        scale = float(normaliser(sharing.aggregation, **plan.totals, max_tokens=1)
+        scale = float(normaliser(sharing.aggregation, **plan.totals, max_tokens=1)        # Dr.GRPO's T_max cancels
                       / normaliser(sharing.aggregation, **solo_totals, max_tokens=1))
         unchanged = (advantages == solo).tolist() if advantages.dtype == solo.dtype else [False] * len(active)
         for part in own_parts:
