@@ -90,6 +90,9 @@ def test_the_memory_keeps_the_newest_own_success_of_the_most_recently_solved_pro
     assert list(guard.memory) == [(7, 0), (7, 1)]                        # the oldest prompt forgotten
     prompts, completions = guard.recall()
     assert len(prompts) == 1 and completions[0] == guard.memory[tuple(prompts[0])]
+    smaller = make_sharing(sharing_config(mode="xgrpo", guard={"memory": 1}), LossConfig())
+    smaller.restore({"guard_memory": [[list(prompt), ids] for prompt, ids in guard.memory.items()]})
+    assert list(smaller.guard.memory) == [(7, 1)]                         # resumed with a smaller memory: newest
 
 
 def test_the_update_projects_against_the_remembered_successes_and_a_checkpoint_keeps_them():

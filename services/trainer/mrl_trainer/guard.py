@@ -118,11 +118,16 @@ class Guard:
         for group, rewards in zip(batch.samples, batch.rewards):
             solved = [s for s, r in zip(group, rewards) if r >= 1.0 and s.ids]
             if solved:
-                key = tuple(group[0].prompt_ids)
-                self.memory.pop(key, None)
-                self.memory[key] = list(solved[-1].ids)
-                while len(self.memory) > self.config.memory:
-                    self.memory.popitem(last=False)
+                self.keep(group[0].prompt_ids, solved[-1].ids)
+
+    def keep(self, prompt: list[int], ids: list[int]) -> None:
+        """Remember `ids` as the prompt's newest success, forgetting the least recently solved prompts beyond
+        `memory` (a checkpoint's memory is restored through it too, so a smaller `memory` holds on resume)."""
+        key = tuple(prompt)
+        self.memory.pop(key, None)
+        self.memory[key] = list(ids)
+        while len(self.memory) > self.config.memory:
+            self.memory.popitem(last=False)
 
     def recall(self) -> tuple[list[list[int]], list[list[int]]]:
         """`memory_batch` remembered successes drawn at random (all of them when fewer): prompts, completions."""
@@ -163,7 +168,8 @@ class Guard:
             remembered_coefficients = _projection(self.config.projection,
                                                   [x - c * y for x, c, y in zip(d_r, coefficients, s_r)], rr)
         peer = d                                                   # τ·d⊥, made in place of d
-        for p, gp, pp, c, c_r, gr in zip(params, g_s, peer, coefficients, remembered_coefficients, g_r or g_s):
+        for p, gp, pp, c, c_r, gr in zip(params, g_s, peer, coefficients, remembered_coefficients,
+                                         g_r if g_r is not None else g_s):     # with no g_r, every c_r is 0
             if c:
                 pp.sub_(gp, alpha=c)
             if c_r:

@@ -259,10 +259,7 @@ def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int,
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
         _backward(_solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens), weight, step)
-    changed = [None if p.grad is None else local(p.grad).clone() for p in params]
-    for p in params:
-        p.grad = None
-    return changed
+    return _take_and_clear(params)
 
 
 def _remembered_gradient(logprobs: LogProbs, params: list, guard, work: _Work, budget: int, step: int,
@@ -278,10 +275,16 @@ def _remembered_gradient(logprobs: LogProbs, params: list, guard, work: _Work, b
         g, weight = _dealt(whole, ranks, 1.0)
         logp, mask = logprobs(*remembered.take(g))
         _backward(-masked_seq_mean(logp, mask).sum() / len(completions), weight, step)
-    gradient = [None if p.grad is None else local(p.grad).clone() for p in params]
+    return _take_and_clear(params)
+
+
+def _take_and_clear(params: list) -> list:
+    """The gradient accumulated so far (this rank's shards), a copy; the parameters' gradients are cleared, so
+    that a pass of its own leaves nothing behind for the update's passes."""
+    taken = [None if p.grad is None else local(p.grad).clone() for p in params]
     for p in params:
         p.grad = None
-    return gradient
+    return taken
 
 
 def _dealt(group: list[int], ranks: Ranks, scale: float) -> tuple[list[int], float]:

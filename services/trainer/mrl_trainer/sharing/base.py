@@ -152,10 +152,12 @@ class SharingMode:
 
     def restore(self, state: dict) -> None:
         """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
-        if self.guard is not None and "guard_trust" in state:
+        if self.guard is None:
+            return
+        if "guard_trust" in state:
             self.guard.trust = float(state["guard_trust"])
-        if self.guard is not None:
-            self.guard.memory.update((tuple(prompt), list(ids)) for prompt, ids in state.get("guard_memory", []))
+        for prompt, ids in state.get("guard_memory", []):
+            self.guard.keep(prompt, ids)
 
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
