@@ -28,8 +28,11 @@ not all waiting: `peer_wait_s_mean` (seconds per step waited for peers) tells th
 as means over the steps that ended in the window: rollout_s_mean, update_s_mean, exchange_s_mean (the rest
 of the step: publishing, taking the peers' experience with THL, planning, the peer wait) and active_mean
 (the share of the step's samples the update trained on: the update skips samples of zero advantage, so a
-policy whose rewards spread more under sharing also trains on more of its batch) and tokens_mean (the tokens
-the step's rollout generated: a policy that learns longer answers from its peer also rolls out longer).
+policy whose rewards spread more under sharing also trains on more of its batch), tokens_mean (the tokens
+the step's rollout generated: a policy that learns longer answers from its peer also rolls out longer) and
+the update's parts, update_{own,solo,extras,memory,guard,optimizer}_s_mean (mrl_trainer.update: the own loss,
+the guard's solo gradient, the peers' extra sequences, the guard's memory, the guard's combination, clipping and
+the optimizer step; update_s less their sum is the lease and the rollout engine's weight sync).
 
 W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
 the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
@@ -37,7 +40,8 @@ the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 t
 
 The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
-steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean, tokens_mean[, peer_wait_s_mean,
+steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean, tokens_mean, the update's parts[,
+peer_wait_s_mean,
 peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
 fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]), and
 fast_tokens_ratio_vs_solo and slow_tokens_ratio_vs_solo: the same ratios of generated tokens per minute
@@ -56,6 +60,7 @@ import yaml
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.topology import run_topology, stop_on_signals, validate_trainers
 from mrl_serving import benchmarking
+from mrl_trainer.update import TIMINGS
 
 __all__ = ["main", "ARMS"]
 
@@ -66,8 +71,9 @@ RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metr
 QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
 FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
 PEER_MEANS = ("peer_wait_s", "peers_complete")
-STEP_MEANS = ("rollout_s", "update_s", "active", "tokens")   # where a step's time went, the share of samples
-                                                            # trained on, and the tokens its rollout generated
+STEP_MEANS = ("rollout_s", "update_s", "active", "tokens") + TIMINGS   # where a step's time went, the share
+                                                  # of samples trained on, the tokens its rollout generated and
+                                                  # where the update's time went
 PEER_TOTALS = ("peer_samples", "sgt_accepted")
 
 
@@ -148,6 +154,8 @@ def _line(arm: str, policies: dict) -> str:
         if "update_s_mean" in f:
             text += (f"; per step: rollout {f['rollout_s_mean']:.1f} s, update {f['update_s_mean']:.1f} s on "
                      f"{f['active_mean']:.0%} of the samples, the rest {f['exchange_s_mean']:.1f} s")
+            took = [(name[len("update_"):-len("_s")], f.get(f"{name}_mean", 0.0)) for name in TIMINGS]
+            text += " (update: " + ", ".join(f"{part} {s:.2f} s" for part, s in took if s) + ")"
         if "peer_wait_s_mean" in f:
             text += f", waited {f['peer_wait_s_mean']:.1f} s/step for peers"
         text += "".join(f", {f[k]} {k.replace('_', ' ')}" for k in PEER_TOTALS if k in f)

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from mrl_trainer.update import TIMINGS
+
 pytestmark = [pytest.mark.scale, pytest.mark.slow]
 
 WORKER = pathlib.Path(__file__).with_name("fsdp_worker.py")
@@ -49,6 +51,8 @@ def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path
         for a, b in zip(single[mode]["stats"], two[mode]["stats"]):
             assert a.keys() == b.keys(), mode
             for name, value in a.items():
+                if name in TIMINGS:                 # seconds, not arithmetic
+                    continue
                 if name in ROUGH:
                     assert b[name] == pytest.approx(value, abs=2e-2), (mode, name)
                 elif isinstance(value, float) and value == value:

@@ -11,7 +11,7 @@ from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Plan, make_sharing, sh
 from mrl_trainer.sharing.base import solo_advantages
 from mrl_trainer.sharing.xgrpo import XGRPO
 from mrl_trainer import update as update_module
-from mrl_trainer.update import gradient, update
+from mrl_trainer.update import TIMINGS, gradient, update
 from test_sharing_modes import answer_verifier, make_batch, peer
 
 
@@ -112,6 +112,24 @@ def test_the_update_projects_against_the_remembered_successes_and_a_checkpoint_k
     assert "guard_remembered" not in stats                    # nothing to project: no recall, no extra backward
 
 
+def test_the_update_says_where_its_time_went():
+    """Seconds per part: a part the update ran took some, a part it did not run took none."""
+    rewards = [[1, 0, 0, 1], [0, 0, 0, 0]]
+    batch = make_batch(rewards)
+    table = _Table()
+    optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
+    for mode, peers, ran in [
+            ("xgrpo", PeerBatch(group_rewards={1: [1, 1, 0, 0]}), {"own", "solo", "memory", "guard", "optimizer"}),
+            ("sgt", PeerBatch(successes={1: [peer(1, 3, 1.0, text="a1")]}),      # g_s: a copy
+             {"own", "solo", "extras", "guard", "optimizer"}),
+            ("none", PeerBatch(), {"own", "optimizer"})]:
+        sharing = make_sharing(sharing_config(mode=mode, guard={"memory": 8 if mode == "xgrpo" else 0}), LossConfig())
+        plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
+        stats = update(table, list(table.parameters()), optimizer, sharing, LossConfig(), batch, plan, max_tokens=8)
+        took = {name[len("update_"):-len("_s")] for name in TIMINGS if stats[name] > 0}
+        assert took == ran, mode
+
+
 def test_without_an_own_gradient_the_peer_term_passes_and_is_no_evidence():
     p = _param([0.0, 3.0])
     evidence = Guard(GuardConfig()).combine([p], [None])
@@ -197,7 +215,8 @@ def test_every_mode_that_takes_peers_is_guarded_by_default(name):
 # --- g_s without a second backward for the samples whose advantage the mode left alone -----------------------
 def _guarded_updates(monkeypatch, name, peers, rewards, all_changed=False):
     """Two guarded updates (k = 2 mini-batches, μ = 2, two samples per micro-batch) of the table on one batch:
-    its parameters, each update's stats, and the first update's work (micro-batches, changed_from, solo_scale).
+    its parameters, each update's stats (its timings left out), and the first update's work (micro-batches,
+    changed_from, solo_scale).
     `all_changed`: treat every micro-batch as changed (the second backward everywhere, the same micro-batches)."""
     real, works = update_module._work, []
 
@@ -214,6 +233,7 @@ def _guarded_updates(monkeypatch, name, peers, rewards, all_changed=False):
     plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
     stats = [update(table, list(table.parameters()), optimizer, sharing, loss, batch, plan, max_tokens=8)
              for _ in range(2)]
+    stats = [{k: v for k, v in s.items() if k not in TIMINGS} for s in stats]
     return table.w.detach().clone(), stats, works[0]
 
 

@@ -26,7 +26,8 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
               before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
               statistics (weighted by micro-batch size) and sharing.summarize(the extras' per-sequence
-              statistics), both over the last pass; guard.observe(every optimizer step's evidence)
+              statistics), both over the last pass; guard.observe(every optimizer step's evidence); and the
+              seconds each part of the update took, over all passes (_Clock.PARTS, as update_<part>_s)
 
 Every normaliser in a plan is a whole-step total, so the mini-batch losses L_b of one pass sum to the
 whole-step loss L; mini-batch b, holding P_b of the step's P prompts, steps on w_b·L_b with w_b = P / P_b,
@@ -45,6 +46,7 @@ The model enters only through `logprobs(prompts, completions) -> (logp, mask)` (
 frozen reference): the trainer passes its transformers model's (logprobs.completion_logprobs), the
 bandit testbed (mrl lab bandit) its tiny policy's, so both run this one update.
 """
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,7 +59,7 @@ from mrl_trainer.losses import masked_seq_mean, normaliser
 from mrl_trainer.sharing import Plan, SharingMode
 from mrl_trainer.sharing.base import solo_advantages
 
-__all__ = ["Sequences", "micro_batches", "update", "gradient", "LogProbs"]
+__all__ = ["Sequences", "micro_batches", "update", "gradient", "LogProbs", "TIMINGS"]
 
 LogProbs = Callable[[list[list[int]], list[list[int]]], tuple[torch.Tensor, torch.Tensor]]
 
@@ -111,6 +113,38 @@ class _Work:
         """Whether the mode's update can differ from solo's: extras, changed advantages or normalisers."""
         return bool(self.extras) or self.solo_scale != 1.0 or \
             any(first < len(groups) for first, groups in zip(self.changed_from, self.own_groups))
+
+
+class _Clock:
+    """Seconds per part of an update: lap(part) charges the time since the previous lap to `part`. On a GPU
+    each lap first waits for the work queued on the device (torch.cuda.synchronize), so a part is charged
+    for its own kernels, not for the ones before it.
+
+        own       π_old log-probs (μ·k > 1) and the own loss's forwards and backwards
+        solo      the guard's g_s: the scaled copies and the solo loss's second backwards (FSDP: its passes)
+        extras    the plan's extras' forwards and backwards
+        memory    the guard's g_r (the recalled successes' forward and backward)
+        guard     guard.combine
+        optimizer gradient clipping and the optimizer's step"""
+    PARTS = ("own", "solo", "extras", "memory", "guard", "optimizer")
+
+    def __init__(self, device: torch.device = torch.device("cpu")):
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+        self._wait = torch.cuda.synchronize if device.type == "cuda" else None
+        self._last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        if self._wait is not None:
+            self._wait()
+        now = time.perf_counter()
+        self.seconds[part] += now - self._last
+        self._last = now
+
+    def stats(self) -> dict[str, float]:
+        return dict(zip(TIMINGS, self.seconds.values()))
+
+
+TIMINGS = tuple(f"update_{part}_s" for part in _Clock.PARTS)   # the update's statistics that are seconds
 
 
 def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list[list[int]]:
@@ -188,8 +222,8 @@ def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
-                scale: float = 1.0, solo: list | None = None, changed: list | None = None, params: list | None = None,
-                ranks: Ranks = Ranks()) -> float:
+                clock: _Clock, scale: float = 1.0, solo: list | None = None, changed: list | None = None,
+                params: list | None = None, ranks: Ranks = Ranks()) -> float:
     """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
     statistics to `per_sequence`. With `solo` (the guard's buffers, one per param, None), also puts in it g_s, ∇
@@ -211,21 +245,25 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
     for j, whole in enumerate(groups):
         if solo is not None and j == first_changed:
             _take_scaled(solo, params, work.solo_scale)
+            clock.lap("solo")
         retain = second and j >= first_changed
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
         loss, stats = sharing.own_loss(logp, old_logp, work.advantages[g].to(logp.device), mask, ref_logp=ref,
                                        max_tokens=max_tokens, totals=plan.totals)
         loss_total += _backward(loss, weight, step, retain_graph=retain)
+        for name, value in stats.items():
+            sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active) * bool(weight)
+        clock.lap("own")
         if retain:
             solo_loss = _solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens)
             _add(changed, torch.autograd.grad(solo_loss * weight, params, allow_unused=True))
-        for name, value in stats.items():
-            sums[name] = sums.get(name, 0.0) + value * len(g) / len(work.active) * bool(weight)
+            clock.lap("solo")
     if solo is not None:
         if first_changed >= len(groups):
             _take_scaled(solo, params, work.solo_scale)
         _add(solo, changed)
+        clock.lap("solo")
     for whole in work.extra_groups[b]:
         g, weight = _dealt(whole, ranks, scale)
         logp, mask = logprobs(*work.peer.take(g))
@@ -235,6 +273,7 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
         for name, values in stats.items():
             if weight:
                 per_sequence.setdefault(name, []).append(values.detach().cpu())
+        clock.lap("extras")
     return loss_total
 
 
@@ -308,12 +347,16 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     work = _work(batch, plan, loss_cfg, loss_cfg.mini_batches, sharing if guard is not None else None)
     if not work.active and not work.extras:
         return {"skipped": 1.0, "extras": 0, **plan.stats}
+    clock = _Clock(params[0].device)
     old = None
     if loss_cfg.updates_per_step * len(work.own_groups) > 1:
         with torch.no_grad():
             old = {tuple(g): logprobs(*work.own.take(g))[0]
                    for part in work.own_groups for whole in part for g in [_dealt(whole, ranks, 1.0)[0]]}
+        clock.lap("own")
     remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step, ranks)
+    if remembered is not None:
+        clock.lap("memory")
     m, evidence = 0, []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
@@ -325,12 +368,14 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             if solo is not None and ranks.sharded:
                 changed = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
                                         reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
+                clock.lap("solo")
             loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
                                       reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
-                                      scale=work.weights[b], solo=solo, changed=changed, params=params,
-                                      ranks=ranks)
+                                      clock=clock, scale=work.weights[b], solo=solo, changed=changed,
+                                      params=params, ranks=ranks)
             if guard is not None:
                 evidence.append(guard.combine(params, solo, ranks, remembered))
+                clock.lap("guard")
             grad_norm = full(torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm))
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -338,6 +383,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             m += 1
+            clock.lap("optimizer")
     if ranks.world > 1:      # the whole step's statistics: the ranks' shares summed, their sequences joined
         parts = ranks.gather([(loss_total, sums, per_sequence)])
         loss_total, sums, per_sequence = 0.0, {}, {}
@@ -352,7 +398,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     if guard is not None:
         sums.update(guard.observe(evidence, ranks))
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
-            "extras": len(work.extras), "updates": m, **plan.stats, **sums}
+            "extras": len(work.extras), "updates": m, **plan.stats, **sums, **clock.stats()}
 
 
 def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMode, loss_cfg, batch: StepBatch,
@@ -369,7 +415,7 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
                                           Ranks())
         solo = [None] * len(params) if guard is not None else None
         _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
-                    step=batch.step, sums={}, per_sequence={}, solo=solo, params=params)
+                    step=batch.step, sums={}, per_sequence={}, clock=_Clock(), solo=solo, params=params)
         if guard is not None:
             guard.combine(params, solo, remembered=remembered)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
