@@ -112,7 +112,8 @@ def _figures(steps: list[dict], t0: float, t1: float) -> dict:
     if ended:
         rest = [r["step_s"] - r.get("rollout_s", 0.0) - r.get("update_s", 0.0) for r in ended]
         out["exchange_s_mean"] = round(sum(rest) / len(rest), 3)
-        ended = [{"active": 0.0, **r} for r in ended]   # a skipped update (every advantage 0) trained on nothing
+        # a skipped update (every advantage 0) trained on nothing and took no time in any part
+        ended = [{"active": 0.0, **(dict.fromkeys(TIMINGS, 0.0) if r.get("skipped") else {}), **r} for r in ended]
     for key in STEP_MEANS + PEER_MEANS:
         values = [r[key] for r in ended if key in r]
         if values:

@@ -24,6 +24,7 @@ def test_steps_per_minute_count_each_step_for_its_share_inside_the_window():
     figures = _figures(steps + [{"time": 129.0, "step_s": 1.0, "rollout_s": 1.0, "update_s": 0.0, "skipped": 1.0}],
                        100.0, 130.0)
     assert figures["active_mean"] == pytest.approx(1.0 / 3, abs=1e-3)   # a skipped update trained on no sample
+    assert figures["update_own_s_mean"] == pytest.approx(5.0 / 3, abs=1e-3)    # and took no time
     figures = _figures(steps, 100.0, 130.0)
     assert figures["steps_per_min"] == pytest.approx(60 * 2.0 / 30)
     assert figures["steps"] == 2 and figures["peer_wait_s_mean"] == 4.0 and figures["peer_samples"] == 8

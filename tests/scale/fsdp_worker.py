@@ -65,11 +65,13 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args()
     ranks = distributed.setup() if distributed.under_torchrun() else distributed.Ranks()
-    results = {mode: run(mode, args.steps, ranks, args.save, args.resume) for mode in args.modes.split(",")}
-    if ranks.main:
-        torch.save(results, args.out)
-    if ranks.sharded:
-        distributed.teardown()
+    try:
+        results = {mode: run(mode, args.steps, ranks, args.save, args.resume) for mode in args.modes.split(",")}
+        if ranks.main:
+            torch.save(results, args.out)
+    finally:                    # a rank that raises still leaves the process group (else it may abort at exit)
+        if ranks.sharded:
+            distributed.teardown()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The trainer across devices (mrl_trainer.distributed): FSDP2 under torchrun, gloo on CPU.
 
 The trainer's update of a step, in every sharing mode with its guard, sharded over 2 ranks equals the single
-process's; a sharded checkpoint resumes at another world size. tests/e2e/test_torchrun.py runs the whole trainer."""
+process's; a sharded checkpoint resumes at the same and at another world size. tests/scale/test_torchrun_trainer.py
+runs the whole trainer."""
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -26,18 +28,24 @@ def run_worker(ranks: int, out: pathlib.Path, *options: str) -> dict:
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "exitcode: -6" in proc.stderr:
         # A gloo rank aborted ("terminate called without an active exception", SIGABRT) once in a full-suite
-        # run and never alone; not understood yet (see docs/limitations.md): one more try, then fail.
+        # run and never alone; not understood yet (see docs/limitations.md): one more try, then fail. The aborted
+        # try's output is kept as a warning, so that a passing run still shows it.
+        warnings.warn(f"an FSDP worker aborted (SIGABRT); retried once. Its output:\n{proc.stderr[-4000:]}")
         proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
 
-def assert_same(a: dict, b: dict, atol: float = 1e-5) -> None:
+def assert_same(a: dict, b: dict, atol: float | None = 1e-5) -> None:
+    """Every mode's parameters agree within atol (and rtol 1e-4); atol None: bit for bit."""
     assert a.keys() == b.keys()
     for mode in a:
         for name in a[mode]["params"]:
-            torch.testing.assert_close(a[mode]["params"][name], b[mode]["params"][name], rtol=1e-4, atol=atol,
-                                       msg=f"{mode}: {name}")
+            x, y = a[mode]["params"][name], b[mode]["params"][name]
+            if atol is None:
+                assert torch.equal(x, y), f"{mode}: {name} differs"
+            else:
+                torch.testing.assert_close(x, y, rtol=1e-4, atol=atol, msg=f"{mode}: {name}")
 
 
 @pytest.mark.timeout(480)       # four runs of the worker, two of them under torchrun (about 100 s when quiet)
@@ -45,7 +53,7 @@ def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path
     single = run_worker(0, tmp_path / "single.pt")
     one = run_worker(1, tmp_path / "one.pt")
     two = run_worker(2, tmp_path / "two.pt")
-    assert_same(single, one, atol=0.0)         # FSDP over one rank: the same arithmetic
+    assert_same(single, one, atol=None)        # FSDP over one rank: the same arithmetic, bit for bit
     assert_same(single, two)                   # over two: the same update, summed in another order
     for mode in single:
         for a, b in zip(single[mode]["stats"], two[mode]["stats"]):
@@ -63,15 +71,19 @@ def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path
         assert not torch.equal(initial[mode]["params"]["lm_head.weight"], single[mode]["params"]["lm_head.weight"])
 
 
-@pytest.mark.timeout(360)
-def test_a_sharded_checkpoint_resumes_at_another_world_size(tmp_path):
+@pytest.mark.timeout(480)
+def test_a_sharded_checkpoint_resumes_at_the_same_and_at_another_world_size(tmp_path):
     mode = ("--modes", "sgt")
     straight = run_worker(0, tmp_path / "straight.pt", "--steps", "2", *mode)       # the run that never stopped
-    run_worker(2, tmp_path / "first.pt", "--steps", "1", "--save", str(tmp_path / "ckpt"), *mode)
-    resumed = run_worker(1, tmp_path / "resumed.pt", "--steps", "1", "--resume", str(tmp_path / "ckpt"), *mode)
-    # model and optimizer state came back. The summation order differs with the world size, and AdamW turns float
-    # noise in a gradient that is zero in exact arithmetic (the attention's key bias) into steps of up to lr (1e-3)
-    assert_same(straight, resumed, atol=1e-5)
+    for saved, resumed in [(2, 2), (2, 1), (1, 2)]:
+        ckpt = tmp_path / f"ckpt-{saved}"
+        if not ckpt.exists():
+            run_worker(saved, tmp_path / "first.pt", "--steps", "1", "--save", str(ckpt), *mode)
+        after = run_worker(resumed, tmp_path / "resumed.pt", "--steps", "1", "--resume", str(ckpt), *mode)
+        # model and optimizer state came back. The summation order differs with the world size, and AdamW turns
+        # float noise in a gradient that is zero in exact arithmetic (the attention's key bias) into steps of up
+        # to lr (1e-3)
+        assert_same(straight, after, atol=1e-5)
 
 
 def test_resuming_from_a_folder_without_a_checkpoint_says_so(tmp_path):

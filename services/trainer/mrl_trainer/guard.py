@@ -80,10 +80,14 @@ class GuardConfig(BaseModel):
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
                              "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
                              "removed even when the other layers agree).")
-    memory: int = Field(64, ge=0, le=4096, description="Own verified successes remembered (the newest per prompt, "
-                                                       "for up to this many prompts); the peer term is also "
-                                                       "projected so that it cannot lower their likelihood "
-                                                       "(A-GEM). 0: no memory.")
+    memory: int | None = Field(None, ge=0, le=4096, description="Own verified successes remembered (the newest "
+                                                                "per prompt, for up to this many prompts); the "
+                                                                "peer term is also projected so that it cannot "
+                                                                "lower their likelihood (A-GEM). 0: no memory. "
+                                                                "Unset: the mode's default, 64 for PRP, XGRPO and "
+                                                                "HACPO, 0 for SGT (measured to change nothing for "
+                                                                "SGT's rescues, at the cost of a forward and "
+                                                                "backward per step).")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")

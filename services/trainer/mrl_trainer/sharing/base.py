@@ -135,12 +135,16 @@ class SharingMode:
     figures: ClassVar[dict[str, tuple[str, ...]]] = {}
     cumulative: ClassVar[frozenset[str]] = frozenset()
     summary: ClassVar[dict[str, str]] = {}
+    guard_memory: ClassVar[int] = 64        # sharing.guard.memory when the config leaves it unset
 
     def __init__(self, sharing, loss):
         """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig. A mode that takes peers' experience
         has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
-        self.guard = Guard(sharing.guard) if self.kinds and sharing.guard.enabled else None
+        guard = sharing.guard
+        if guard.memory is None:
+            guard = guard.model_copy(update={"memory": self.guard_memory})
+        self.guard = Guard(guard) if self.kinds and guard.enabled else None
 
     def state(self) -> dict:
         """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
