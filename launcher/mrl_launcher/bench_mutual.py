@@ -29,8 +29,9 @@ as means over the steps that ended in the window: rollout_s_mean, update_s_mean,
 of the step: publishing, taking the peers' experience with THL, planning, the peer wait) and active_mean
 (the share of the step's samples the update trained on: the update skips samples of zero advantage, so a
 policy whose rewards spread more under sharing also trains on more of its batch), tokens_mean (the tokens
-the step's rollout generated: a policy that learns longer answers from its peer also rolls out longer) and
-the update's parts, update_{own,solo,extras,memory,guard,optimizer}_s_mean (mrl_trainer.update: the own loss,
+the step's rollout generated: a policy that learns longer answers from its peer also rolls out longer),
+cpu_s_mean (the trainer process's CPU time in the step, all its threads: on a machine whose cores are all
+busy, step time beyond it is time the trainer waited for a core, or for its peers) and the update's parts, update_{own,solo,extras,memory,guard,optimizer}_s_mean (mrl_trainer.update: the own loss,
 the guard's solo gradient, the peers' extra sequences, the guard's memory, the guard's combination, clipping and
 the optimizer step; update_s less their sum is the lease and the rollout engine's weight sync).
 
@@ -40,7 +41,8 @@ the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 t
 
 The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
-steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, active_mean, tokens_mean, the update's parts[,
+steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, cpu_s_mean, active_mean, tokens_mean, the
+update's parts[,
 peer_wait_s_mean,
 peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
 fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]), and
@@ -71,9 +73,9 @@ RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metr
 QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
 FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
 PEER_MEANS = ("peer_wait_s", "peers_complete")
-STEP_MEANS = ("rollout_s", "update_s", "active", "tokens") + TIMINGS   # where a step's time went, the share
-                                                  # of samples trained on, the tokens its rollout generated and
-                                                  # where the update's time went
+STEP_MEANS = ("rollout_s", "update_s", "cpu_s", "active", "tokens") + TIMINGS   # where a step's time went, its
+                                    # CPU time, the share of samples trained on, the tokens its rollout generated
+                                    # and where the update's time went
 PEER_TOTALS = ("peer_samples", "sgt_accepted")
 
 
@@ -154,7 +156,8 @@ def _line(arm: str, policies: dict) -> str:
         text = f"{policy} {f['steps_per_min']:.3f} steps/min ({f['steps']} ended in the window"
         if "update_s_mean" in f:
             text += (f"; per step: rollout {f['rollout_s_mean']:.1f} s, update {f['update_s_mean']:.1f} s on "
-                     f"{f['active_mean']:.0%} of the samples, the rest {f['exchange_s_mean']:.1f} s")
+                     f"{f['active_mean']:.0%} of the samples, the rest {f['exchange_s_mean']:.1f} s, CPU "
+                     f"{f.get('cpu_s_mean', 0.0):.1f} s")
             took = [(name[len("update_"):-len("_s")], f.get(f"{name}_mean", 0.0)) for name in TIMINGS]
             text += " (update: " + ", ".join(f"{part} {s:.2f} s" for part, s in took if s) + ")"
         if "peer_wait_s_mean" in f:

@@ -141,6 +141,7 @@ def test_run_checkpoints_and_resumes_at_the_same_step(tmp_path):
     assert [r["step"] for r in records] == [0, 1] and all(r["rollouts_total"] for r in records)
     # each record's time is its step's end; step_s spans the whole step, rollout and update included
     assert all(r["step_s"] >= r["rollout_s"] + r["update_s"] for r in records)
+    assert all(0 < r["cpu_s"] for r in records)              # this process's CPU time in the step (all threads)
     assert records[1]["time"] - records[1]["step_s"] >= records[0]["time"]
 
     resumed = build_trainer(config.model_copy(update={"steps": 3}))

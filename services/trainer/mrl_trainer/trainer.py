@@ -321,6 +321,7 @@ class Trainer:
     def step(self) -> dict:
         t = self.state.step
         step_start = start = time.perf_counter()
+        cpu_start = time.process_time()
         problems, guided = self.ranks.broadcast(self.problems(t) if self.ranks.main else None)
         with self._lease("rollout"):
             batch = self.rollout(t, problems)
@@ -345,6 +346,7 @@ class Trainer:
                   "rollouts_total": self.state.rollouts_total, "tokens": tokens,
                   "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
                   "rollout_s": rollout_s, "update_s": update_s, "step_s": time.perf_counter() - step_start,
+                  "cpu_s": time.process_time() - cpu_start,
                   "tokens_per_s": tokens / rollout_s,
                   "published": published, **peer_stats, **stats}
         if self.metrics is not None:
