@@ -31,9 +31,10 @@ of the step: publishing, taking the peers' experience with THL, planning, the pe
 policy whose rewards spread more under sharing also trains on more of its batch), tokens_mean (the tokens
 the step's rollout generated: a policy that learns longer answers from its peer also rolls out longer),
 cpu_s_mean (the trainer process's CPU time in the step, all its threads: on a machine whose cores are all
-busy, step time beyond it is time the trainer waited for a core, or for its peers) and the update's parts, update_{own,solo,extras,memory,guard,optimizer}_s_mean (mrl_trainer.update: the own loss,
-the guard's solo gradient, the peers' extra sequences, the guard's memory, the guard's combination, clipping and
-the optimizer step; update_s less their sum is the lease and the rollout engine's weight sync).
+busy, step time beyond it is time the trainer waited for a core, or for its peers) and the update's parts,
+update_{own,solo,extras,memory,guard,optimizer}_s_mean (mrl_trainer.update: the own loss, the guard's solo
+gradient, the peers' extra sequences, the guard's memory, the guard's combination, clipping and the optimizer
+step; a skipped update counts 0 in each; update_s less their sum is the lease and the engine's weight sync).
 
 W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
 the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
@@ -42,9 +43,7 @@ the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 t
 The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
 steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, cpu_s_mean, active_mean, tokens_mean, the
-update's parts[,
-peer_wait_s_mean,
-peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
+update's parts[, peer_wait_s_mean, peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
 fast_ratio_vs_solo and slow_ratio_vs_solo in the sharing arms (e.g. result["async"]["fast_ratio_vs_solo"]), and
 fast_tokens_ratio_vs_solo and slow_tokens_ratio_vs_solo: the same ratios of generated tokens per minute
 (steps_per_min × tokens_mean), which tell a policy that steps slower because it learned longer answers from its

@@ -85,9 +85,9 @@ class GuardConfig(BaseModel):
                                                                 "peer term is also projected so that it cannot "
                                                                 "lower their likelihood (A-GEM). 0: no memory. "
                                                                 "Unset: the mode's default, 64 for PRP, XGRPO and "
-                                                                "HACPO, 0 for SGT (measured to change nothing for "
-                                                                "SGT's rescues, at the cost of a forward and "
-                                                                "backward per step).")
+                                                                "HACPO, 0 for SGT (measured not to help SGT, "
+                                                                "at the cost of a forward and backward per "
+                                                                "step).")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")

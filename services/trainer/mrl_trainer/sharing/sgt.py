@@ -52,7 +52,7 @@ class SGT(SharingMode):
     name = "sgt"
     title = "SGT — Success-Gated Transfer"
     kinds = ("success",)
-    guard_memory = 0        # the guard's memory changed SGT's final success nowhere beyond ±0.03 on the testbed
+    guard_memory = 0        # on the testbed the memory moved SGT's final success by ≤ 0.023, never significantly
     Config = SGTConfig
     stats = {"sgt_rescued": "SGT prompts rescued", "sgt_accepted": "SGT peer successes accepted",
              "sgt_rejected": "SGT peer successes rejected", "sgt_nll": "SGT NLL of the rescued responses"}
