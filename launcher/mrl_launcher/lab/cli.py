@@ -15,7 +15,9 @@ def bandit(parser):
     parser.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed, first-seed + 1, … (default "
                                                                    "0; tune on other seeds than you report)")
     parser.add_argument("--modes", help="comma-separated sharing modes or variants, mode:field=value[:…] (e.g. "
-                                        "xgrpo:uniform_groups=zero; default: every registered mode)")
+                                        "xgrpo:uniform_groups=zero; a suffix -unguarded: without the guard, "
+                                        "-alone: without peers, the control for the mode's own loss; default: "
+                                        "every registered mode)")
     parser.add_argument("--workers", type=int, default=default_workers(), help="processes (default: every core)")
     parser.add_argument("--out", help="write bandit.json, tradeoff.png, curves.png and report.md here")
     axes = parser.add_argument_group("the point (with --sweep: the point the sweep varies around)")

@@ -117,6 +117,7 @@ class _Policy:
     probes: list = field(default_factory=list)
     end: tuple[int, float] | None = None       # (own steps made, greedy success) when the run ends
     inbox: AsyncInbox | None = None            # async coupling: the peer's experience, kept across steps
+    alone: bool = False                        # a `-alone` control: takes no peer experience
     solved: set = field(default_factory=set)   # async: prompts own samples solved (guidance prefers others)
 
 
@@ -173,7 +174,7 @@ def _published(producer: _Policy, batch: StepBatch, problems, point: Point, t: i
 
 def _receive(k: _Policy, batch: StepBatch, experiences: list, t: int, max_staleness: int) -> tuple[PeerBatch, dict]:
     """lockstep: the receiver's PeerBatch (its own tokens, through THL) of the peer's experiences, and the stats."""
-    if not k.sharing.kinds:
+    if not k.sharing.kinds or k.alone:
         return PeerBatch(), {}
     return receive(experiences, step=t, prompt_ids=[p.prompt_id for p in batch.problems], kinds=k.sharing.kinds,
                    max_staleness=max_staleness, retokenize=Retokenizer(k.tokenizer_id, _aligner()))
@@ -207,7 +208,7 @@ def _probe(pols: list, k: int, problems_of, point: Point, settings: Settings, lo
         batch = _rollout(me.model, problems, point.group_size, gen, t)
         rewards = me.batch_rewards + [sum(map(sum, batch.rewards)) / (len(problems) * point.group_size)]
         experiences = _published(peer, batch, problems, point, t, gen, window, fresh=True) \
-            if me.sharing.kinds else []
+            if me.sharing.kinds and not me.alone else []
         peers, _ = _receive(me, batch, experiences, t, max_staleness)
         plan = _plan(me, batch, peers, rewards, window)
         grads.append(gradient(me.model.completion_logprobs, list(me.model.parameters()), me.sharing, loss, batch,
@@ -229,6 +230,13 @@ def _summary(records: list[dict], cumulative: frozenset) -> dict:
 
 
 UNGUARDED = "-unguarded"
+ALONE = "-alone"
+
+
+def _alone(spec: str) -> tuple[str, bool]:
+    """A spec ending in `-alone` (`hacpo-alone`): the mode's own objective with no peer experience (both
+    policies publish and receive nothing), the control that tells the mode's sharing from its own loss."""
+    return (spec[:-len(ALONE)], True) if spec.endswith(ALONE) else (spec, False)
 
 
 def mode_config(spec: str, **common):
@@ -237,8 +245,10 @@ def mode_config(spec: str, **common):
     (`sgt:coupling=async:guided_share=0`) or else one of the mode's own section (`xgrpo:uniform_groups=zero`,
     `sgt:normalize=prompts:lam=0.2`), a dotted one a path in `sharing:` (`prp:guard.trust_rate=0`); values
     read as YAML. A spec ending in `-unguarded` runs without the
-    no-harm guard (`sgt-unguarded`, `sgt:lam=1-unguarded`). FailedPrecondition on a bad spec."""
-    body, unguarded = (spec[:-len(UNGUARDED)], True) if spec.endswith(UNGUARDED) else (spec, False)
+    no-harm guard (`sgt-unguarded`, `sgt:lam=1-unguarded`); one ending in `-alone` takes no peer experience
+    (_alone; its config is the mode's). FailedPrecondition on a bad spec."""
+    body = _alone(spec)[0]
+    body, unguarded = (body[:-len(UNGUARDED)], True) if body.endswith(UNGUARDED) else (body, False)
     mode, *fields = body.split(":")
     if mode not in SHARING_MODES:
         raise FailedPrecondition(f"unknown sharing mode {mode!r} in {spec!r}; registered: {', '.join(SHARING_MODES)}")
@@ -304,8 +314,8 @@ def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Ban
         batches = [_rollout(k.model, problems, point.group_size, k.generator, t) for k in pols]
         for k, batch in zip(pols, batches):
             _step(k, batch, window)
-        published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" else []
-                     for k, b in zip(pols, batches)]
+        published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" and not k.alone
+                     else [] for k, b in zip(pols, batches)]
         for i, k in enumerate(pols):
             peers, peer_stats = _receive(k, batches[i], published[1 - i], t, cfg.max_staleness)
             k.records.append(_learn(k, batches[i], peers, peer_stats, cfg, loss, settings, window))
@@ -326,7 +336,7 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
     its own first `steps` steps (its curve at its own rollouts); a keeps training and publishing until b has made
     its `steps`, as a faster policy does in a run of fixed wall time. Returns the eval steps."""
     for k in pols:
-        k.inbox = AsyncInbox(k.sharing.kinds, cfg.max_staleness) if k.sharing.kinds else None
+        k.inbox = AsyncInbox(k.sharing.kinds, cfg.max_staleness) if k.sharing.kinds and not k.alone else None
     ticks = [(t, 0) for t in range(settings.steps * point.speed)] + [(t * point.speed, 1) for t in range(settings.steps)]
     steps = [0, 0]
     eval_steps = [t for t in range(settings.steps + 1) if t % settings.eval_every == 0 or t == settings.steps]
@@ -375,7 +385,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
         pols.append(_Policy(name, tid, model, torch.optim.AdamW(model.parameters(), lr=loss.lr,
                                                                 weight_decay=loss.weight_decay),
                             make_sharing(cfg, loss), np.random.default_rng([seed, 17, k]),
-                            history=collections.deque(maxlen=point.staleness + 1)))
+                            history=collections.deque(maxlen=point.staleness + 1), alone=_alone(mode)[1]))
     P, G = settings.prompts_per_step, point.group_size
     if cfg.coupling == "async":
         eval_steps = _run_async(pols, cfg, point, settings, bandit, loss, window)
