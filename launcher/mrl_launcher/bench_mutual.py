@@ -34,7 +34,8 @@ cpu_s_mean (the trainer process's CPU time in the step, all its threads: on a ma
 busy, step time beyond it is time the trainer waited for a core, or for its peers) and the update's parts,
 update_{own,solo,extras,memory,guard,optimizer}_s_mean (mrl_trainer.update: the own loss, the guard's solo
 gradient, the peers' extra sequences, the guard's memory, the guard's combination, clipping and the optimizer
-step; a skipped update counts 0 in each; update_s less their sum is the lease and the engine's weight sync).
+step; a skipped update counts 0 in each; update_s less their sum is the lease, the engine's weight sync and
+the update's bookkeeping: planning its micro-batches, the guard's memory and trust, gathering its statistics).
 
 W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
 the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
@@ -158,7 +159,8 @@ def _line(arm: str, policies: dict) -> str:
                      f"{f['active_mean']:.0%} of the samples, the rest {f['exchange_s_mean']:.1f} s, CPU "
                      f"{f.get('cpu_s_mean', 0.0):.1f} s")
             took = [(name[len("update_"):-len("_s")], f.get(f"{name}_mean", 0.0)) for name in TIMINGS]
-            text += " (update: " + ", ".join(f"{part} {s:.2f} s" for part, s in took if s) + ")"
+            if any(s for _, s in took):
+                text += " (update: " + ", ".join(f"{part} {s:.2f} s" for part, s in took if s) + ")"
         if "peer_wait_s_mean" in f:
             text += f", waited {f['peer_wait_s_mean']:.1f} s/step for peers"
         text += "".join(f", {f[k]} {k.replace('_', ' ')}" for k in PEER_TOTALS if k in f)

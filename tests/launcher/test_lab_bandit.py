@@ -122,20 +122,25 @@ def test_a_variant_runs_under_its_own_name():
 
 @pytest.mark.parametrize("coupling", ["lockstep", "async"])
 def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_loss(coupling):
-    """`-alone`: the mode's objective without peers. SGT's own loss is GRPO's, so sgt-alone is solo exactly;
-    HACPO's is GSPO's, so hacpo-alone is not, and it pools no peer rollout."""
+    """`-alone`: the mode's objective without peers. SGT's, XGRPO's and PRP's own loss is the trainer's (GRPO),
+    so their -alone is solo exactly; HACPO's is GSPO's, so hacpo-alone is not, and it pools no peer rollout."""
     from mrl_launcher.lab.point import Settings
     from mrl_launcher.lab.run import mode_config, run_one
     assert mode_config("hacpo-alone") == mode_config("hacpo")
     assert not mode_config("hacpo-unguarded-alone").guard.enabled
+    assert mode_config("hacpo-alone-unguarded") == mode_config("hacpo-unguarded-alone")
     settings = Settings(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=2)
     point = Point(interference=1.0)
     runs = {spec: run_one(point, settings, f"{spec}:coupling={coupling}" + ("" if spec == "none" else "-alone"),
-                          seed=1) for spec in ("none", "sgt", "hacpo")}
+                          seed=1) for spec in ("none", "sgt", "xgrpo", "prp", "hacpo")}
     for policy in ("a", "b"):
-        solo, sgt, hacpo = (runs[spec]["policies"][policy] for spec in ("none", "sgt", "hacpo"))
-        assert (sgt["curve"], sgt["reward"], sgt["grad_var"]) == (solo["curve"], solo["reward"], solo["grad_var"])
-        assert sgt["stats"]["sgt_accepted"] == 0 and hacpo["stats"].get("peer_samples", 0) == 0
+        solo, hacpo = runs["none"]["policies"][policy], runs["hacpo"]["policies"][policy]
+        for spec in ("sgt", "xgrpo", "prp"):
+            alone = runs[spec]["policies"][policy]
+            assert (alone["curve"], alone["reward"], alone["grad_var"]) == \
+                (solo["curve"], solo["reward"], solo["grad_var"]), spec
+        assert runs["sgt"]["policies"][policy]["stats"]["sgt_accepted"] == 0
+        assert hacpo["stats"]["peer_samples"] == 0
         assert hacpo["reward"] != solo["reward"]              # GSPO's sequence-level loss: another update
 
 

@@ -233,10 +233,14 @@ UNGUARDED = "-unguarded"
 ALONE = "-alone"
 
 
-def _alone(spec: str) -> tuple[str, bool]:
-    """A spec ending in `-alone` (`hacpo-alone`): the mode's own objective with no peer experience (both
-    policies publish and receive nothing), the control that tells the mode's sharing from its own loss."""
-    return (spec[:-len(ALONE)], True) if spec.endswith(ALONE) else (spec, False)
+def _suffixes(spec: str) -> tuple[str, bool, bool]:
+    """A spec without its suffixes, in either order, and which it had: (body, `-unguarded`, `-alone`).
+    `-alone` (`hacpo-alone`): the mode's own objective with no peer experience (both policies publish and
+    receive nothing), the control that tells the mode's sharing from its own loss."""
+    found = {UNGUARDED: False, ALONE: False}
+    while suffix := next((s for s in found if spec.endswith(s) and not found[s]), None):
+        spec, found[suffix] = spec[:-len(suffix)], True
+    return spec, found[UNGUARDED], found[ALONE]
 
 
 def mode_config(spec: str, **common):
@@ -246,9 +250,8 @@ def mode_config(spec: str, **common):
     `sgt:normalize=prompts:lam=0.2`), a dotted one a path in `sharing:` (`prp:guard.trust_rate=0`); values
     read as YAML. A spec ending in `-unguarded` runs without the
     no-harm guard (`sgt-unguarded`, `sgt:lam=1-unguarded`); one ending in `-alone` takes no peer experience
-    (_alone; its config is the mode's). FailedPrecondition on a bad spec."""
-    body = _alone(spec)[0]
-    body, unguarded = (body[:-len(UNGUARDED)], True) if body.endswith(UNGUARDED) else (body, False)
+    (_suffixes; its config is the mode's). FailedPrecondition on a bad spec."""
+    body, unguarded, _ = _suffixes(spec)
     mode, *fields = body.split(":")
     if mode not in SHARING_MODES:
         raise FailedPrecondition(f"unknown sharing mode {mode!r} in {spec!r}; registered: {', '.join(SHARING_MODES)}")
@@ -385,7 +388,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
         pols.append(_Policy(name, tid, model, torch.optim.AdamW(model.parameters(), lr=loss.lr,
                                                                 weight_decay=loss.weight_decay),
                             make_sharing(cfg, loss), np.random.default_rng([seed, 17, k]),
-                            history=collections.deque(maxlen=point.staleness + 1), alone=_alone(mode)[1]))
+                            history=collections.deque(maxlen=point.staleness + 1), alone=_suffixes(mode)[2]))
     P, G = settings.prompts_per_step, point.group_size
     if cfg.coupling == "async":
         eval_steps = _run_async(pols, cfg, point, settings, bandit, loss, window)

@@ -17,10 +17,12 @@
 from mrl_launcher.analysis import rollouts_to
 from mrl_launcher.intervals import mean_ci
 from mrl_launcher.lab.run import POLICIES
+from mrl_trainer.update import TIMINGS
 
 __all__ = ["summarize_point", "SHARING_KEYS"]
 
-_SKIP = {"loss", "active", "extras", "skipped", "clip_low", "clip_high", "ratio_mean", "reward_mean"}
+_SKIP = {"loss", "active", "extras", "skipped", "clip_low", "clip_high", "ratio_mean", "reward_mean",
+         *TIMINGS}                 # seconds: the testbed's results are deterministic, its timings are not
 
 
 def _sharing_keys() -> frozenset:

@@ -19,7 +19,7 @@ Projection (gradient surgery, as PCGrad): the conflicting component of d is remo
 over the whole model (projection: model), or on each parameter tensor p on its own (projection: tensor:
 d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
 
-Memory (`memory` > 0, the default; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
+Memory (`memory` > 0; unset, the mode's default: on for PRP, XGRPO and HACPO, off for SGT; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
 its own verified successes (reward ≥ 1), the newest per prompt, for the `memory` most recently solved
 prompts, and each step with a peer term draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
 
@@ -44,7 +44,7 @@ so to first order the update improves the own objective at least as much as solo
 With τ = 1 and no conflict the update is the mode's own.
 
 Costs: four gradient-sized buffers (g_s, d, the last step's direction, g_r), one forward and backward over
-the recalled successes per step with a peer term, and computing g_s. An own sample whose advantage the mode left as solo's
+the recalled successes per step with a peer term (with a memory), and computing g_s. An own sample whose advantage the mode left as solo's
 (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer reached) adds
 to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio of the two
 normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a copy of
@@ -107,6 +107,9 @@ class Guard:
     summary = {"guard_trust": "mean guard trust τ"}
 
     def __init__(self, config: GuardConfig):
+        """`config.memory` unset (a mode fills in its default, SharingMode.guard_memory) is no memory here."""
+        if config.memory is None:
+            config = config.model_copy(update={"memory": 0})
         self.config, self.trust = config, 1.0
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
