@@ -19,9 +19,10 @@ Projection (gradient surgery, as PCGrad): the conflicting component of d is remo
 over the whole model (projection: model), or on each parameter tensor p on its own (projection: tensor:
 d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
 
-Memory (`memory` > 0; unset, the mode's default: on for PRP, XGRPO and HACPO, off for SGT; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps
-its own verified successes (reward ≥ 1), the newest per prompt, for the `memory` most recently solved
-prompts, and each step with a peer term draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
+Memory (`memory` > 0; unset, the mode's default: on for PRP, XGRPO and HACPO, off for SGT; A-GEM, Chaudhry
+et al. 2019, applied to the peer term): the receiver keeps its own verified successes (reward ≥ 1), the newest
+per prompt, for the `memory` most recently solved prompts, and each step with a peer term draws `memory_batch`
+of them, R = {(x_i, y_i)}. Their NLL's gradient
 
     g_r  = ∇ (1/|R|) Σ_i −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)
     d⊥  ← d⊥ − min(0, ⟨d⊥, g_r⟩) / ‖g_r‖² · g_r              so ⟨d⊥, g_r⟩ ≥ 0 as well (per tensor, likewise)
@@ -44,9 +45,9 @@ so to first order the update improves the own objective at least as much as solo
 With τ = 1 and no conflict the update is the mode's own.
 
 Costs: four gradient-sized buffers (g_s, d, the last step's direction, g_r), one forward and backward over
-the recalled successes per step with a peer term (with a memory), and computing g_s. An own sample whose advantage the mode left as solo's
-(SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer reached) adds
-to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio of the two
+the recalled successes per step with a peer term (with a memory), and computing g_s. An own sample whose
+advantage the mode left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's
+on prompts no peer reached) adds to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio of the two
 normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a copy of
 its accumulated gradient, no extra compute. Each micro-batch of samples whose advantage the mode changed
 takes one more backward (the solo loss, from the same forward; under torchrun a forward and backward of its
