@@ -107,10 +107,10 @@ class Guard:
     cumulative = frozenset()
     summary = {"guard_trust": "mean guard trust τ"}
 
-    def __init__(self, config: GuardConfig):
-        """`config.memory` unset (a mode fills in its default, SharingMode.guard_memory) is no memory here."""
+    def __init__(self, config: GuardConfig, default_memory: int = 0):
+        """`default_memory`: the memory when `config.memory` is unset (the mode's, SharingMode.guard_memory)."""
         if config.memory is None:
-            config = config.model_copy(update={"memory": 0})
+            config = config.model_copy(update={"memory": default_memory})
         self.config, self.trust = config, 1.0
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks

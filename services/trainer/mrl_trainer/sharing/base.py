@@ -141,10 +141,7 @@ class SharingMode:
         """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig. A mode that takes peers' experience
         has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
-        guard = sharing.guard
-        if guard.memory is None:
-            guard = guard.model_copy(update={"memory": self.guard_memory})
-        self.guard = Guard(guard) if self.kinds and guard.enabled else None
+        self.guard = Guard(sharing.guard, self.guard_memory) if self.kinds and sharing.guard.enabled else None
 
     def state(self) -> dict:
         """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
