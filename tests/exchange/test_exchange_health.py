@@ -1,8 +1,10 @@
 """Health tells the truth about Redis, and the embedded Redis of `mrl exchange serve` comes back after a crash.
 
 A real `mrl exchange serve` process (no MRL_REDIS_URL: it starts its own redis-server), its redis-server
-child killed with SIGKILL: gRPC health and /healthz report the outage, the Redis is restarted from its AOF,
-and every experience the exchange had acknowledged, and every ack, is still there.
+child killed with SIGKILL: readiness (gRPC health of the service, /readyz) reports the outage while liveness
+(gRPC health of "liveness", /healthz) does not, since restarting the process would not bring Redis back; the
+Redis is restarted from its AOF, and every experience the exchange had acknowledged, and every ack, is still
+there.
 """
 import os
 import pathlib
@@ -18,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from helpers import rollout
 from mrl.exchange_client import ExchangeClient
+from mrl_serving.grpc_service import LIVENESS
 from mrl_serving.processes import spawn
 
 pytestmark = pytest.mark.slow
@@ -70,18 +73,25 @@ def test_health_follows_the_embedded_redis_which_restarts_with_nothing_acked_los
             wait_for_health(health, SERVING, 5)
 
             os.kill(redis_child(exchange.proc.pid), signal.SIGKILL)
-            # the outage may be short (Redis restarts after ~1 s): poll both until each has reported it
-            seen, deadline = set(), time.monotonic() + 10
+            # the outage may be short (Redis restarts after ~1 s): poll both until each has reported it; the
+            # liveness checks never may
+            seen, dead, deadline = set(), set(), time.monotonic() + 10
             while seen != {"grpc", "rest"} and time.monotonic() < deadline:
                 if health.Check(health_pb2.HealthCheckRequest(service="mrl.v1.ExperienceExchange"), timeout=2).status \
                         == NOT_SERVING:
                     seen.add("grpc")
-                if httpx.get(f"{admin}/healthz").status_code == 503:
+                if health.Check(health_pb2.HealthCheckRequest(service=LIVENESS), timeout=2).status != SERVING:
+                    dead.add("grpc")
+                if (ready := httpx.get(f"{admin}/readyz")).status_code == 503:
                     seen.add("rest")
+                    assert "redis" in ready.json()["detail"].lower()
+                if httpx.get(f"{admin}/healthz").status_code != 200:
+                    dead.add("rest")
                 time.sleep(0.05)
             assert seen == {"grpc", "rest"}, f"only {seen or 'nothing'} reported the dead Redis"
+            assert not dead, f"liveness ({dead}) failed while only Redis was down: a probe would restart the process"
             wait_for_health(health, SERVING, 30)
-            assert httpx.get(f"{admin}/healthz").status_code == 200
+            assert httpx.get(f"{admin}/readyz").status_code == 200
             assert exchange.proc.poll() is None
 
             assert see.topic_stats(run_id)[0].length == 20

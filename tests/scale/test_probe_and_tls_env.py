@@ -1,8 +1,11 @@
 """What the Kubernetes manifests lean on, against real servers: the liveness probe (`python -m mrl_serving.probe`)
-checks gRPC health over TLS or plaintext, and a client given no root certificate takes MRL_TLS_ROOT_CERT."""
+checks gRPC health over TLS or plaintext, asks for liveness, not readiness, and a client given no root certificate takes MRL_TLS_ROOT_CERT."""
+import asyncio
+import functools
 import subprocess
 import sys
 
+import grpc
 import pytest
 
 from helpers import rollout, self_signed
@@ -10,6 +13,7 @@ from mrl import errors
 from mrl.exchange_client import ExchangeClient
 from mrl.grpc_client import Backoff
 from mrl_serving import probe
+from mrl_serving.grpc_service import add_health_and_reflection, follow_health
 
 pytestmark = pytest.mark.scale
 
@@ -47,3 +51,33 @@ def test_a_client_takes_its_root_certificate_from_the_environment(start_exchange
     monkeypatch.setenv("MRL_TLS_ROOT_CERT", str(tmp_path / "missing.pem"))
     with pytest.raises(errors.InvalidArgument, match="MRL_TLS_ROOT_CERT names .*missing.pem"):
         ExchangeClient(target, backoff=Backoff(attempts=1))
+
+
+def test_the_probe_asks_liveness_which_stays_serving_while_the_backend_is_down():
+    """A real gRPC server whose backend check fails: readiness ("" and the service) turns NOT_SERVING, liveness,
+    which the probe asks by default, stays SERVING (a restart would not bring the backend back)."""
+    name = "mrl.v1.ExperienceExchange"
+
+    async def down() -> str:
+        return "Redis is not reachable"
+
+    async def run() -> tuple:
+        server = grpc.aio.server()
+        health = await add_health_and_reflection(server, [name])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        follow = asyncio.create_task(follow_health(health, [name], down))
+        try:
+            ask = functools.partial(asyncio.to_thread, probe.check, port, timeout_s=2)
+            deadline = asyncio.get_running_loop().time() + 10
+            while (readiness := await ask(service="")) is None and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            return readiness, await ask(service=name), await ask()
+        finally:
+            follow.cancel()
+            await server.stop(0)
+
+    readiness, service, liveness = asyncio.run(run())
+    assert readiness is not None and "NOT_SERVING" in readiness
+    assert service is not None and "NOT_SERVING" in service
+    assert liveness is None

@@ -44,7 +44,7 @@ class SchedulerServer(ServiceServer):
         await self.dispatcher.start()
         self.dispatcher.wake(passed)
         servicer = SchedulerServicer(self.dispatcher, self.auth, self.limiter)
-        # gRPC health follows Redis (NOT_SERVING while it does not answer), as /healthz does
+        # gRPC health follows Redis (NOT_SERVING while it does not answer), as /readyz does
         await super().start([(SERVICE, servicer)], create_admin_app(self.dispatcher, self.auth, self.limiter),
                             functools.partial(redis_ready, self.core.redis))
 

@@ -24,7 +24,8 @@ from grpc_reflection.v1alpha import reflection
 from mrl.auth import is_loopback
 from mrl.errors import MrlError
 
-__all__ = ["BadRequest", "add_service", "authorization", "bind", "add_health_and_reflection", "follow_health"]
+__all__ = ["BadRequest", "add_service", "authorization", "bind", "add_health_and_reflection", "follow_health",
+           "LIVENESS"]
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +125,16 @@ def bind(server: grpc.aio.Server, host: str, port: int, auth_enabled: bool,
     return host, bound
 
 
+LIVENESS = "liveness"    # the gRPC health service name of liveness: SERVING while the server answers at all
+
+
 async def add_health_and_reflection(server: grpc.aio.Server, service_names: list[str]) -> HealthServicer:
+    """gRPC health for each service and the server ("": readiness, which follow_health may change) and for
+    LIVENESS (always SERVING: a server that answers is alive, whatever its backend does), and reflection."""
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    for name in service_names:
+    for name in (*service_names, "", LIVENESS):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
     return health
 
@@ -141,7 +146,7 @@ HEALTH_TIMEOUT_S = 2.0   # a check that takes longer counts as down (a hung Redi
 async def follow_health(health: HealthServicer, service_names: list[str],
                         check: Callable[[], Awaitable[str | None]]) -> None:
     """Set every service's health (and the server's, "") from `check()` — None: SERVING, else the reason it is
-    NOT_SERVING — every HEALTH_INTERVAL_S, logging each change. Runs until cancelled."""
+    NOT_SERVING — every HEALTH_INTERVAL_S, logging each change (LIVENESS stays SERVING). Runs until cancelled."""
     serving = True
     while True:
         try:

@@ -73,8 +73,8 @@ class ServiceServer:
     async def start(self, services: list[tuple], app: FastAPI,
                     ready: Callable[[], Awaitable[str | None]] | None = None) -> None:
         """Serve each (ServiceDescriptor, servicer) over gRPC and `app` over HTTP; with `ready` (None while the
-        service's backend answers, else why not: what rest_app's /healthz and /readyz ask too), gRPC health
-        follows it (SERVING / NOT_SERVING)."""
+        service's backend answers, else why not: what rest_app's /readyz asks too), gRPC health of the services and
+        of "" follows it (SERVING / NOT_SERVING); that of LIVENESS stays SERVING."""
         s = self.settings
         for descriptor, servicer in services:
             add_service(self.grpc, descriptor, servicer)
@@ -143,8 +143,9 @@ INPUT_ERRORS = {400: _error("Bad input, named in `detail`; nothing was changed."
 
 def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLimiter,
              registry: CollectorRegistry, ready: Callable[[], Awaitable[str | None]]):
-    """A FastAPI app with /healthz and /readyz (both 503 with `ready()`'s reason when not None: a service
-    whose backend is down is neither healthy nor ready), /metrics and MrlError → HTTP status mapping. Returns (app, principal dependency, admin dependency).
+    """A FastAPI app with /healthz (liveness: 200 while the process answers), /readyz (503 with `ready()`'s
+    reason when not None: a service whose backend is down is alive but not ready), /metrics and MrlError → HTTP
+    status mapping. Returns (app, principal dependency, admin dependency).
 
     A route that depends on `principal` or `admin` (in `dependencies=` or as a parameter's default) checks
     the caller before FastAPI reads the body, and its OpenAPI operation lists bearer auth and ErrorBody
@@ -214,8 +215,8 @@ def rest_app(title: str, description: str, auth: Authenticator, limiter: RateLim
         if reason is not None:
             raise Unavailable(reason)      # 503 with the ErrorBody every other error has
 
-    @app.get("/healthz", dependencies=[Depends(require_ready)])
-    async def healthz():
+    @app.get("/healthz")
+    async def healthz():        # liveness: the process answers (a Redis outage is /readyz's, not a reason to restart)
         return {"status": "ok"}
 
     @app.get("/readyz", dependencies=[Depends(require_ready)])
