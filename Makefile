@@ -43,6 +43,7 @@ bench: install tokenizers
 	$(BIN)/mrl bench align
 	$(BIN)/mrl bench scheduler
 	$(BIN)/mrl bench trainer
+	$(BIN)/mrl bench guard
 
 up: install
 	$(BIN)/mrl up examples/local.yaml

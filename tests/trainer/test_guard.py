@@ -12,6 +12,7 @@ from mrl_trainer.sharing.base import solo_advantages
 from mrl_trainer.sharing.xgrpo import XGRPO
 from mrl_trainer import update as update_module
 from mrl_trainer.update import TIMINGS, gradient, update
+from helpers import run_quick_bench
 from test_sharing_modes import answer_verifier, make_batch, peer
 
 
@@ -303,3 +304,31 @@ def test_peer_rollouts_cost_a_second_backward_only_on_the_prompts_they_reach(mon
     assert torch.allclose(w, w_full, rtol=1e-5, atol=1e-6)
     for s, s_full in zip(stats, stats_full):
         assert s.keys() == s_full.keys() and all(s[k] == pytest.approx(s_full[k], rel=1e-4, abs=1e-6) for k in s)
+
+
+# --- what the combination costs (mrl bench guard) ------------------------------------------------------------
+def test_the_combination_is_made_in_place_and_keeps_no_copy_of_a_gradient():
+    """d and g_s + τ·d⊥ are made in p.grad, and the peer direction kept for the next step's hindsight in the g_s
+    buffer: the guard allocates no gradient-sized buffer of its own (mrl bench guard measures the memory)."""
+    torch.manual_seed(0)
+    g_s, g_m, g_r = torch.randn(1000), torch.randn(1000), torch.randn(1000)
+    p = _param(g_m.tolist())
+    grad, solo = p.grad, g_s.clone()
+    guard = Guard(GuardConfig(memory=4))
+    guard.trust = 0.5
+    guard.combine([p], [solo], remembered=[g_r.clone()])
+    assert p.grad is grad and guard._direction[0] is solo
+    d = g_m - g_s                                                          # the reference, out of place
+    d = d - min(0.0, float(d @ g_s)) / float(g_s @ g_s) * g_s
+    d = d - min(0.0, float(d @ g_r)) / float(g_r @ g_r) * g_r
+    torch.testing.assert_close(p.grad, g_s + 0.5 * d)
+    torch.testing.assert_close(solo, 0.5 * d)
+
+
+@pytest.mark.slow
+def test_bench_guard_quick_ends_with_one_json_line(tmp_path):
+    result = run_quick_bench("guard", tmp_path, timeout_s=300)
+    (policy,) = result["policies"].values()
+    assert policy["combine_s"] > 0 and policy["optimizer_s"] > 0 and policy["ratio_vs_optimizer"] > 0
+    assert policy["memory"] == 64 and policy["parameters"] > 0 and policy["extra_peak_mb"] >= 0
+    assert result["ratio_vs_optimizer"] == {name: r["ratio_vs_optimizer"] for name, r in result["policies"].items()}

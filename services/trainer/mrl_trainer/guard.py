@@ -44,7 +44,8 @@ so to first order the update improves the own objective at least as much as solo
 (every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and τ is not updated.
 With τ = 1 and no conflict the update is the mode's own.
 
-Costs: four gradient-sized buffers (g_s, d, the last step's direction, g_r), one forward and backward over
+Costs: three gradient-sized buffers (g_s, which becomes the step's peer direction; the last step's direction;
+g_r; d and the combination are made in place of g_m), one forward and backward over
 the recalled successes per step with a peer term (with a memory), and computing g_s. An own sample whose
 advantage the mode left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's
 on prompts no peer reached) adds to the solo loss c times what it adds to the mode's own loss, where
@@ -149,22 +150,19 @@ class Guard:
         The evidence: agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one),
         projected (0 or 1; projection: tensor, the share of parameter tensors projected), and with a memory
         remembered (0 or 1, or that share: d⊥ lowered the likelihood of the remembered successes).
-        Parameter by parameter, so that no gradient-sized copy of the whole model is made; the inner products
-        are float32 chunks summed in float64 (_dot). Under FSDP each rank holds its shards of the gradients:
-        the inner products are summed over the ranks."""
+
+        No gradient-sized buffer is allocated: d and then g_s + τ·d⊥ are made in place of g_m, and the peer
+        direction kept for the next step's hindsight, τ·d⊥ = (g_s + τ·d⊥) − g_s, in place of g_s (`solo` is
+        consumed). The inner products are float32 chunks summed in float64, each tensor read once per chunk
+        (_products). Under FSDP each rank holds its shards of the gradients: the inner products are summed over
+        the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
-        d = [local(p.grad) - g if p.grad is not None else -g for p, g in zip(params, g_s)]
+        d = [local(p.grad).sub_(g) if p.grad is not None else -g for p, g in zip(params, g_s)]
         g_r = None if remembered is None else \
             [local(r) if r is not None else torch.zeros_like(local(p)) for r, p in zip(remembered, params)]
         n = len(params)
-        tensor_dots = [_dot([x], [y]) for x, y in zip(d, g_s)] + [_dot([y], [y]) for y in g_s]
-        if g_r is not None:       # ⟨d, g_r⟩, ⟨g_s, g_r⟩, ‖g_r‖² per tensor
-            tensor_dots += [_dot([x], [r]) for x, r in zip(d, g_r)] + [_dot([y], [r]) for y, r in zip(g_s, g_r)] + \
-                [_dot([r], [r]) for r in g_r]
-        products = tensor_dots + [_dot(d, d)]
-        if self.previous is not None:
-            products.append(_dot(self.previous, g_s))
-        summed = ranks.sum(products)
+        tensor_dots, dd, hind = _products(d, g_s, g_r, self.previous)
+        summed = ranks.sum(tensor_dots + [dd] + ([hind] if hind is not None else []))
         parts = [summed[i * n:(i + 1) * n] for i in range(len(tensor_dots) // n)]
         dd, *hind = summed[len(tensor_dots):]
         dots, sss = parts[0], parts[1]
@@ -175,22 +173,22 @@ class Guard:
             d_r, s_r, rr = parts[2], parts[3], parts[4]
             remembered_coefficients = _projection(self.config.projection,
                                                   [x - c * y for x, c, y in zip(d_r, coefficients, s_r)], rr)
-        peer = d                                                   # τ·d⊥, made in place of d
-        for p, gp, pp, c, c_r, gr in zip(params, g_s, peer, coefficients, remembered_coefficients,
+        for p, gp, dp, c, c_r, gr in zip(params, g_s, d, coefficients, remembered_coefficients,
                                          g_r if g_r is not None else g_s):     # with no g_r, every c_r is 0
             if c:
-                pp.sub_(gp, alpha=c)
+                dp.sub_(gp, alpha=c)
             if c_r:
-                pp.sub_(gr, alpha=c_r)
-            pp.mul_(self.trust)
+                dp.sub_(gr, alpha=c_r)
+            if self.trust != 1.0:
+                dp.mul_(self.trust)
+            dp.add_(gp)                           # g_s + τ·d⊥, in p.grad
             if p.grad is None:
-                p.grad = gp + pp
-            else:
-                local(p.grad).copy_(gp).add_(pp)
+                p.grad = dp
+            torch.sub(dp, gp, out=gp)             # τ·d⊥, in place of g_s
         if self._direction is None:
-            self._direction = peer
+            self._direction = g_s
         else:
-            for total, pp in zip(self._direction, peer):
+            for total, pp in zip(self._direction, g_s):
                 total.add_(pp)
         evidence = {"agreement": _cos(dot, ss, dd), "projected": sum(c != 0 for c in coefficients) / max(n, 1),
                     "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
@@ -230,7 +228,43 @@ def _projection(where: str, dots: list[float], norms: list[float]) -> list[float
     return [x / y if x < 0 and y > 0 else 0.0 for x, y in zip(dots, norms)]
 
 
-def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = 1 << 16) -> float:
+CHUNK = 1 << 16    # elements per float32 dot product
+
+
+def _products(d: list[torch.Tensor], g_s: list[torch.Tensor], g_r: list[torch.Tensor] | None,
+              previous: list[torch.Tensor] | None) -> tuple[list[float], float, float | None]:
+    """The guard's inner products, each tensor read once per chunk of CHUNK elements (the chunk's other products
+    then come from the cache):
+
+        per parameter tensor p   ⟨d_p, g_s,p⟩ …, then ‖g_s,p‖² …, and with g_r ⟨d_p, g_r,p⟩ …, ⟨g_s,p, g_r,p⟩ …,
+                                 ‖g_r,p‖² … (each list over the tensors, in order)
+        over the model           ‖d‖², and with `previous` ⟨previous, g_s⟩ (else None)
+
+    each a sum of float32 BLAS dot products of a chunk, summed in float64 in the order _dot sums them."""
+    n = len(d)
+    names = ("d·s", "s·s") + (("d·r", "s·r", "r·r") if g_r is not None else ())
+    per_tensor = {name: [0.0] * n for name in names}
+    dd, hind = 0.0, (0.0 if previous is not None else None)
+    for i in range(n):
+        x, s = d[i].reshape(-1), g_s[i].reshape(-1)
+        r = g_r[i].reshape(-1) if g_r is not None else None
+        q = previous[i].reshape(-1) if previous is not None else None
+        for a in range(0, x.numel(), CHUNK):
+            xc, sc = x[a:a + CHUNK], s[a:a + CHUNK]
+            per_tensor["d·s"][i] += float(torch.dot(xc, sc))
+            per_tensor["s·s"][i] += float(torch.dot(sc, sc))
+            dd += float(torch.dot(xc, xc))
+            if r is not None:
+                rc = r[a:a + CHUNK]
+                per_tensor["d·r"][i] += float(torch.dot(xc, rc))
+                per_tensor["s·r"][i] += float(torch.dot(sc, rc))
+                per_tensor["r·r"][i] += float(torch.dot(rc, rc))
+            if q is not None:
+                hind += float(torch.dot(q[a:a + CHUNK], sc))
+    return [v for name in names for v in per_tensor[name]], dd, hind
+
+
+def _dot(a: list[torch.Tensor], b: list[torch.Tensor], chunk: int = CHUNK) -> float:
     """Σ_p ⟨a_p, b_p⟩ over the parameters: BLAS float32 dot products of `chunk` elements, summed in float64.
     Each chunk's rounding error is about √chunk·2⁻²⁴ of its magnitude (≈ 2e-5), far below what the guard's
     decisions (a sign, a cosine) need; converting to float64 instead cost 10× the time (buffers allocated and

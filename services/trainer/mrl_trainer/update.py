@@ -283,10 +283,10 @@ def _take_scaled(solo: list, params: list, c: float) -> None:
 
 
 def _add(buffers: list, grads) -> None:
-    """buffers[i] += grads[i], where a None is 0."""
+    """buffers[i] += grads[i] (in place: the buffers are the update's own), where a None is 0."""
     for i, g in enumerate(grads):
         if g is not None:
-            buffers[i] = g if buffers[i] is None else buffers[i] + g
+            buffers[i] = g if buffers[i] is None else buffers[i].add_(g)
 
 
 def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int, old, params: list, *,
