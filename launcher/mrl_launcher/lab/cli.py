@@ -1,5 +1,6 @@
-"""`mrl lab bandit`: the contextual-bandit testbed of the sharing modes (entry point "lab.bandit")."""
-__all__ = ["bandit"]
+"""`mrl lab bandit`: the contextual-bandit testbed of the sharing modes (entry point "lab.bandit"); `mrl lab signal`:
+the GRPO signal of a policy's sampled groups (entry point "lab.signal")."""
+__all__ = ["bandit", "signal"]
 
 QUICK = dict(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=3, probe_at=(0.0,))
 
@@ -110,3 +111,47 @@ def _line(mode: str, e: dict) -> str:
              "guard_trust": "τ"}
     parts += [f"{label} {s[k]:.3g}" for k, label in shown.items() if s.get(k) is not None]
     return "  ".join(parts)
+
+
+def signal(parser):
+    """how much GRPO signal a policy's sampled groups carry on its task, per temperature and response length"""
+    from mrl_trainer.cli import add_overrides
+    parser.add_argument("config", help="YAML trainer config, e.g. examples/policy-a.yaml")
+    parser.add_argument("--temperatures", default="1.0,0.7,0.4", type=_floats,
+                        help="comma-separated sampling temperatures, each > 0 (default %(default)s; greedy is always "
+                             "measured too)")
+    parser.add_argument("--max-new-tokens", type=_ints, help="comma-separated response lengths L (default: the "
+                                                            "config's rollout.max_new_tokens)")
+    parser.add_argument("--prompts", type=int, default=16, help="the first P training prompts (default %(default)s)")
+    add_overrides(parser)
+
+    def run(args) -> None:
+        import json
+
+        from mrl_launcher.lab.grpo_signal import measure
+        from mrl_trainer.app import parse_overrides
+
+        def show(row: dict) -> None:
+            what = "greedy" if row["temperature"] == 0 else f"T {row['temperature']:g}"
+            print(f"{what:>8s}  L {row['max_new_tokens']:4d}  G {row['group_size']:2d}  success {row['success']:.3f}  "
+                  f"informative {row['informative']:.3f} (expected {row['expected']:.3f})  truncated "
+                  f"{row['truncated']:.3f}  tokens {row['tokens']:.1f}  {row['seconds']:.1f} s", flush=True)
+
+        result = measure(args.config, args.temperatures, args.max_new_tokens, prompts=args.prompts,
+                         overrides=parse_overrides(args.overrides), on_row=show)
+        print(json.dumps(result), flush=True)
+    return run
+
+
+def _numbers(kind):
+    def parse(text: str) -> list:
+        import argparse
+        try:
+            return [kind(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__}s, e.g. "
+                                             f"{'1.0,0.7' if kind is float else '24,48'}") from None
+    return parse
+
+
+_floats, _ints = _numbers(float), _numbers(int)

@@ -1,0 +1,93 @@
+"""`mrl lab signal`: how much a policy's sampled groups can teach GRPO on its task, before a budget is spent.
+
+GRPO learns only from a group whose rewards differ: with β = 0, a group that all failed (or all succeeded) has
+A_i = 0 for every sample and adds nothing to the gradient. A comparison of sharing modes therefore needs a
+budget where solo GRPO has signal, and that depends on the sampling settings as much as on the model. For a
+trainer config, this samples G responses to the first P training prompts (the ones a run's first steps would
+see) under each setting (temperature T, max_new_tokens L), verifies them with the task's verifier, and
+reports per setting
+
+    success      p̂ = mean reward (the share of verified successes, for 0/1 rewards)
+    informative  share of prompts whose G rewards are not all equal (the groups GRPO learns from)
+    expected     1 − Σ_prompts [p_x^G + (1 − p_x)^G] / P, with p_x the prompt's own success rate: the
+                 informative share a fresh draw of G samples would give (less noisy than the draw itself)
+    truncated    share of responses cut at L tokens (the verifier reads a cut answer as it stands)
+    tokens       mean response length; seconds: wall time of the setting's rollout
+
+and first the greedy success on the same prompts (T = 0, one response each), which is what a run's held-out
+evaluation measures. The policy is built as the trainer would build it (`warm_start` included; the latest
+checkpoint in checkpoint.dir when there is one and checkpoint.resume holds), with sharing off: nothing is
+published, trained or checkpointed.
+"""
+import pathlib
+import tempfile
+import time
+
+from mrl_trainer.config import load_config
+from mrl_trainer.errors import TrainerError
+
+__all__ = ["measure", "informative_share", "expected_informative"]
+
+
+def informative_share(rewards: list[list[float]]) -> float:
+    """Share of groups whose rewards are not all equal."""
+    return sum(len(set(group)) > 1 for group in rewards) / max(len(rewards), 1)
+
+
+def expected_informative(rewards: list[list[float]]) -> float:
+    """1 − mean over groups of p^G + (1 − p)^G, p the group's success rate (reward ≥ 1), G its size."""
+    total = 0.0
+    for group in rewards:
+        p, g = sum(r >= 1.0 for r in group) / len(group), len(group)
+        total += 1.0 - p ** g - (1.0 - p) ** g
+    return total / max(len(rewards), 1)
+
+
+def _row(batch, seconds: float, **setting) -> dict:
+    samples = [s for group in batch.samples for s in group]
+    rewards = [r for group in batch.rewards for r in group]
+    return {**setting, "samples": len(samples), "success": sum(rewards) / len(rewards),
+            "informative": informative_share(batch.rewards), "expected": expected_informative(batch.rewards),
+            "truncated": sum(s.truncated for s in samples) / len(samples),
+            "tokens": sum(len(s.ids) for s in samples) / len(samples), "seconds": seconds}
+
+
+def measure(config_path: str, temperatures: list[float], lengths: list[int] | None = None, *, prompts: int,
+            overrides: dict | None = None, on_row=lambda row: None) -> dict:
+    """For the policy of the trainer config at `config_path` (with `overrides`, as `mrl trainer run --set`) on its
+    first `prompts` training prompts: a greedy row per max_new_tokens L in `lengths` (default: the config's),
+    then a row per (T, L), G = the config's rollout.group_size; `on_row` sees each row as it is measured."""
+    from mrl_trainer.trainer import build_trainer
+    if prompts < 1:
+        raise TrainerError(f"--prompts {prompts}: give at least one prompt")
+    if not temperatures or any(t <= 0 for t in temperatures):
+        raise TrainerError(f"temperatures {temperatures}: give at least one, each > 0 (greedy is always measured)")
+    if lengths is not None and (not lengths or any(n < 1 for n in lengths)):
+        raise TrainerError(f"max_new_tokens {lengths}: give at least one, each ≥ 1")
+    with tempfile.TemporaryDirectory(prefix="mrl-signal-") as scratch:
+        solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
+                "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,
+                "metrics.prometheus_port": None, "metrics.tensorboard": None}
+        config = load_config(config_path, solo)
+        lengths = lengths or [config.rollout.max_new_tokens]
+        trainer = build_trainer(config)
+        try:
+            problems = trainer.task.batch(0, prompts)
+            rows = []
+            for temperature, tokens, group in [*((0.0, n, 1) for n in lengths),
+                                               *((t, n, config.rollout.group_size) for t in temperatures
+                                                 for n in lengths)]:
+                # model_copy skips validation: temperature 0 is the engine's greedy decoding, as in evaluation
+                rollout = config.rollout.model_copy(update={"temperature": temperature, "max_new_tokens": tokens,
+                                                            "group_size": group})
+                trainer.cfg = config.model_copy(update={"rollout": rollout})
+                start = time.perf_counter()
+                batch = trainer.rollout(0, problems)
+                rows.append(_row(batch, time.perf_counter() - start, temperature=temperature,
+                                 max_new_tokens=tokens, group_size=group))
+                on_row(rows[-1])
+        finally:
+            trainer.close()
+    return {"policy": config.policy, "task": trainer.task.name, "prompts": prompts,
+            "group_size": config.rollout.group_size, "resumed_from": str(trainer.resumed_from or "") or None,
+            "rows": rows}
