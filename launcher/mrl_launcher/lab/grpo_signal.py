@@ -9,12 +9,14 @@ reports per setting
 
     success      p̂ = mean reward (the share of verified successes, for 0/1 rewards)
     informative  share of prompts whose G rewards are not all equal (the groups GRPO learns from)
-    expected     1 − Σ_prompts [p_x^G + (1 − p_x)^G] / P, with p_x the prompt's own success rate: the
-                 informative share a fresh draw of G samples would give (less noisy than the draw itself)
+    expected     1 − Σ_prompts [p_x^G + (1 − p_x)^G] / P, with p_x the prompt's observed success rate: the
+                 informative share a fresh draw of G would give if the observed rates were the true ones
+                 (it discounts a group made informative by one lucky sample; a prompt with no success in
+                 its draw counts 0, so it runs below the true figure)
     truncated    share of responses cut at L tokens (the verifier reads a cut answer as it stands)
     tokens       mean response length; seconds: wall time of the setting's rollout
 
-and first the greedy success on the same prompts (T = 0, one response each), which is what a run's held-out
+and, before those, a greedy row per L (T = 0, one response per prompt), which is what a run's held-out
 evaluation measures. The policy is built as the trainer would build it (`warm_start` included; the latest
 checkpoint in checkpoint.dir when there is one and checkpoint.resume holds), with sharing off: nothing is
 published, trained or checkpointed.
