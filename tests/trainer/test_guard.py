@@ -332,3 +332,17 @@ def test_bench_guard_quick_ends_with_one_json_line(tmp_path):
     assert policy["combine_s"] > 0 and policy["optimizer_s"] > 0 and policy["ratio_vs_optimizer"] > 0
     assert policy["memory"] == 64 and policy["parameters"] > 0 and policy["extra_peak_mb"] >= 0
     assert result["ratio_vs_optimizer"] == {name: r["ratio_vs_optimizer"] for name, r in result["policies"].items()}
+
+
+def test_a_gradient_autograd_shares_between_parameters_is_added_once_to_each():
+    """The guard's solo gradient of several changed micro-batches is summed in place: a gradient tensor autograd
+    hands to two parameters (a + b) or gives as a broadcast view (a.sum()) must not be summed into twice or
+    written through."""
+    a, b = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    x = torch.tensor([1.0, 2.0, 3.0])
+    for loss in (lambda: ((a + b) * x).sum(), lambda: a.sum() + (b * x).sum()):
+        buffers = [None, None]
+        for _ in range(3):
+            update_module._add(buffers, torch.autograd.grad(loss(), [a, b]))
+        expected = [3 * torch.autograd.grad(loss(), [p])[0] for p in (a, b)]
+        assert all(torch.equal(got, want) for got, want in zip(buffers, expected))

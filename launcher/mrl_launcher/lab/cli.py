@@ -139,6 +139,9 @@ def signal(parser):
 
         result = measure(args.config, args.temperatures, args.max_new_tokens, prompts=args.prompts,
                          overrides=parse_overrides(args.overrides), on_row=show)
+        if result["resumed_from"]:
+            print(f"(the policy of checkpoint {result['resumed_from']}, on the prompts of step {result['step']})",
+                  flush=True)
         print(json.dumps(result), flush=True)
     return run
 

@@ -3,24 +3,25 @@
 GRPO learns only from a group whose rewards differ: with β = 0, a group that all failed (or all succeeded) has
 A_i = 0 for every sample and adds nothing to the gradient. A comparison of sharing modes therefore needs a
 budget where solo GRPO has signal, and that depends on the sampling settings as much as on the model. For a
-trainer config, this samples G responses to the first P training prompts (the ones a run's first steps would
-see) under each setting (temperature T, max_new_tokens L), verifies them with the task's verifier, and
-reports per setting
+trainer config, this samples G responses to the next P training prompts (the ones the run's next steps would
+see: from its first step, or from the step its checkpoint resumes at) under each setting (temperature T,
+max_new_tokens L), verifies them with the task's verifier, and reports per setting
 
     success      p̂ = mean reward (the share of verified successes, for 0/1 rewards)
     informative  share of prompts whose G rewards are not all equal (the groups GRPO learns from)
-    expected     1 − Σ_prompts [p_x^G + (1 − p_x)^G] / P, with p_x the prompt's observed success rate: the
-                 informative share a fresh draw of G would give if the observed rates were the true ones
-                 (it discounts a group made informative by one lucky sample; a prompt with no success in
-                 its draw counts 0, so it runs below the true figure)
+    expected     1 − Σ_prompts [p_x^G + (1 − p_x)^G] / P, with p_x the prompt's observed share of successes
+                 (reward ≥ 1): the chance that the next draw of G from that rate is informative. Per prompt
+                 it is never above the draw's own figure (one success in 8 counts 0.66, not 1), and by
+                 Jensen's inequality it runs below the true chance: a conservative figure
     truncated    share of responses cut at L tokens (the verifier reads a cut answer as it stands)
     tokens       mean response length; seconds: wall time of the setting's rollout
 
-and, before those, a greedy row per L (T = 0, one response per prompt), which is what a run's held-out
-evaluation measures. The policy is built as the trainer would build it (`warm_start` included; the latest
-checkpoint in checkpoint.dir when there is one and checkpoint.resume holds), with sharing off: nothing is
-published, trained or checkpointed.
+and, before those, a greedy row per L (T = 0, one response per prompt: decoded as the held-out evaluation
+decodes, on training prompts). The policy is built as the trainer would build it (the latest checkpoint in
+checkpoint.dir when there is one and checkpoint.resume holds; else a configured `warm_start`, which trains and
+is cached the first time, as for the run), with sharing off: no RL step, nothing published or checkpointed.
 """
+import math
 import pathlib
 import tempfile
 import time
@@ -56,16 +57,22 @@ def _row(batch, seconds: float, **setting) -> dict:
 
 def measure(config_path: str, temperatures: list[float], lengths: list[int] | None = None, *, prompts: int,
             overrides: dict | None = None, on_row=lambda row: None) -> dict:
-    """For the policy of the trainer config at `config_path` (with `overrides`, as `mrl trainer run --set`) on its
-    first `prompts` training prompts: a greedy row per max_new_tokens L in `lengths` (default: the config's),
-    then a row per (T, L), G = the config's rollout.group_size; `on_row` sees each row as it is measured."""
+    """For the policy of the trainer config at `config_path` (with `overrides`, as `mrl trainer run --set`) on the
+    `prompts` training prompts of its next step: a greedy row per max_new_tokens L in `lengths` (default: the
+    config's), then a row per (T, L), G = the config's rollout.group_size; `on_row` sees each row as it is
+    measured."""
     from mrl_trainer.trainer import build_trainer
     if prompts < 1:
         raise TrainerError(f"--prompts {prompts}: give at least one prompt")
-    if not temperatures or any(t <= 0 for t in temperatures):
-        raise TrainerError(f"temperatures {temperatures}: give at least one, each > 0 (greedy is always measured)")
-    if lengths is not None and (not lengths or any(n < 1 for n in lengths)):
-        raise TrainerError(f"max_new_tokens {lengths}: give at least one, each ≥ 1")
+    if not temperatures:
+        raise TrainerError("no temperature given: name at least one (greedy is always measured as well)")
+    if not all(math.isfinite(t) and t > 0 for t in temperatures):
+        raise TrainerError(f"temperatures {temperatures}: each must be a finite number > 0 (greedy is always "
+                           f"measured as well)")
+    if lengths is not None and not lengths:
+        raise TrainerError("no max_new_tokens given: name at least one length")
+    if lengths is not None and not all(1 <= n <= 32768 for n in lengths):
+        raise TrainerError(f"max_new_tokens {lengths}: each must lie in 1..32768")
     with tempfile.TemporaryDirectory(prefix="mrl-signal-") as scratch:
         solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
                 "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,
@@ -73,8 +80,9 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
         config = load_config(config_path, solo)
         lengths = lengths or [config.rollout.max_new_tokens]
         trainer = build_trainer(config)
+        step = trainer.state.step
         try:
-            problems = trainer.task.batch(0, prompts)
+            problems = trainer.task.batch(step, prompts)
             rows = []
             for temperature, tokens, group in [*((0.0, n, 1) for n in lengths),
                                                *((t, n, config.rollout.group_size) for t in temperatures
@@ -84,7 +92,7 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
                                                             "group_size": group})
                 trainer.cfg = config.model_copy(update={"rollout": rollout})
                 start = time.perf_counter()
-                batch = trainer.rollout(0, problems)
+                batch = trainer.rollout(step, problems)
                 rows.append(_row(batch, time.perf_counter() - start, temperature=temperature,
                                  max_new_tokens=tokens, group_size=group))
                 on_row(rows[-1])
@@ -92,4 +100,4 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
             trainer.close()
     return {"policy": config.policy, "task": trainer.task.name, "prompts": prompts,
             "group_size": config.rollout.group_size, "resumed_from": str(trainer.resumed_from or "") or None,
-            "rows": rows}
+            "step": step, "rows": rows}

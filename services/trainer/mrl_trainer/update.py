@@ -283,10 +283,21 @@ def _take_scaled(solo: list, params: list, c: float) -> None:
 
 
 def _add(buffers: list, grads) -> None:
-    """buffers[i] += grads[i] (in place: the buffers are the update's own), where a None is 0."""
+    """buffers[i] += grads[i] (in place: the buffers are the update's own), where a None is 0. A gradient becomes a
+    buffer as it is unless another buffer already holds the same tensor (autograd hands one tensor to both inputs of
+    an addition) or it is a broadcast view (stride 0, as autograd gives a sum's input): those are copied, since the
+    buffers are summed and combined in place."""
+    held = {id(b) for b in buffers if b is not None}
     for i, g in enumerate(grads):
-        if g is not None:
-            buffers[i] = g if buffers[i] is None else buffers[i].add_(g)
+        if g is None:
+            continue
+        if buffers[i] is not None:
+            buffers[i].add_(g)
+        elif id(g) in held or 0 in g.stride():
+            buffers[i] = g.clone(memory_format=torch.contiguous_format)
+        else:
+            buffers[i] = g
+            held.add(id(g))
 
 
 def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int, old, params: list, *,
