@@ -213,6 +213,17 @@ def test_bad_config_is_a_clear_error_with_exit_code_2(tmp_path, overrides, messa
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("override, message", [
+    ("rollout.temperature=[1", "not valid YAML"),
+    ("seed.x=1", "'seed' is not a section"),
+    ("steps", "expected KEY=VALUE"),
+])
+def test_a_bad_override_is_a_clear_error_with_exit_code_2(tmp_path, override, message):
+    done = _mrl("trainer", "run", str(write_config(tmp_path)), "--set", override)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
 def test_an_empty_dataset_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -38,7 +38,11 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep:
             raise TrainerError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set steps=20")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise TrainerError(f"--set {pair!r}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+                               f"quote a value with YAML's special characters") from None
     return out
 
 

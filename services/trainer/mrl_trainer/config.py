@@ -183,8 +183,13 @@ def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> Trai
     for dotted, value in (overrides or {}).items():
         *parents, leaf = dotted.split(".")
         node = raw
-        for p in parents:
-            node = node.setdefault(p, {})
+        for depth, p in enumerate(parents):
+            if node.get(p) is None:          # absent, or null in the file (`scheduler: null`): a section to fill
+                node[p] = {}
+            elif not isinstance(node[p], dict):
+                raise TrainerError(f"override {dotted!r}: {'.'.join(parents[:depth + 1])!r} is not a section "
+                                   f"(it holds {node[p]!r})")
+            node = node[p]
         node[leaf] = value
     try:
         return TrainerConfig.model_validate(raw)
