@@ -1,4 +1,5 @@
 """The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
+from mrl_launcher.arguments import ints
 from mrl_serving.commands import bench_command
 
 __all__ = ["up", "demo", "compare", "plot", "report", "bench_trl", "bench_mutual"]
@@ -57,7 +58,7 @@ def compare(parser):
     modes = parser.add_argument("--modes", help="comma-separated sharing modes among %(registered)s; must include "
                                                 "none (default: all)")
     modes.registered = _RegisteredModes()     # argparse expands %(registered)s from the action's attributes
-    parser.add_argument("--seeds", help="comma-separated seeds for every trainer (default: each config's own)")
+    parser.add_argument("--seeds", type=ints, help="comma-separated seeds for every trainer (default: each config's own)")
     parser.add_argument("--parallel", type=int, help="runs at once (default: cores // trainers, at least 1)")
     parser.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
     add_overrides(parser, "a field of every trainer")
@@ -69,8 +70,7 @@ def compare(parser):
         from mrl_trainer.app import parse_overrides
         from mrl_trainer.sharing import SHARING_MODES
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
-        seeds = args.seeds and [int(s) for s in args.seeds.split(",")]
-        print(json.dumps(run_compare(args.config, modes, seeds, args.out, parse_overrides(args.overrides),
+        print(json.dumps(run_compare(args.config, modes, args.seeds, args.out, parse_overrides(args.overrides),
                                      args.parallel)), flush=True)
     return run
 

@@ -68,3 +68,11 @@ def test_example_topologies_start_valid_trainers_in_every_mode(path, mode):
     """Each shipped topology's trainers (their files, their `set`) validate as a comparison would start them."""
     metrics = validate_trainers(yaml.safe_load(path.read_text()), path.parent, {"sharing.mode": mode, "seed": 0})
     assert len(metrics) >= 1
+
+
+def test_seeds_that_are_not_integers_are_a_usage_error(capsys):
+    from mrl.cli import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["experiment", "compare", "examples/compare.yaml", "--seeds", "0,one"])
+    assert exit_.value.code == 2
+    assert "expected comma-separated ints" in capsys.readouterr().err

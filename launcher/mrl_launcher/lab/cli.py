@@ -1,5 +1,7 @@
 """`mrl lab bandit`: the contextual-bandit testbed of the sharing modes (entry point "lab.bandit"); `mrl lab signal`:
 the GRPO signal of a policy's sampled groups (entry point "lab.signal")."""
+from mrl_launcher.arguments import floats, ints
+
 __all__ = ["bandit", "signal"]
 
 QUICK = dict(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=3, probe_at=(0.0,))
@@ -117,10 +119,10 @@ def signal(parser):
     """how much GRPO signal a policy's sampled groups carry on its task, per temperature and response length"""
     from mrl_trainer.cli import add_overrides
     parser.add_argument("config", help="YAML trainer config, e.g. examples/policy-a.yaml")
-    parser.add_argument("--temperatures", default="1.0,0.7,0.4", type=_floats,
+    parser.add_argument("--temperatures", default="1.0,0.7,0.4", type=floats,
                         help="comma-separated sampling temperatures, each > 0 (default %(default)s; greedy is always "
                              "measured too)")
-    parser.add_argument("--max-new-tokens", type=_ints, help="comma-separated response lengths L (default: the "
+    parser.add_argument("--max-new-tokens", type=ints, help="comma-separated response lengths L (default: the "
                                                             "config's rollout.max_new_tokens)")
     parser.add_argument("--prompts", type=int, default=16, help="the first P training prompts (default %(default)s)")
     add_overrides(parser)
@@ -144,17 +146,3 @@ def signal(parser):
                   flush=True)
         print(json.dumps(result), flush=True)
     return run
-
-
-def _numbers(kind):
-    def parse(text: str) -> list:
-        import argparse
-        try:
-            return [kind(part) for part in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {kind.__name__}s, e.g. "
-                                             f"{'1.0,0.7' if kind is float else '24,48'}") from None
-    return parse
-
-
-_floats, _ints = _numbers(float), _numbers(int)
