@@ -51,6 +51,7 @@ fast_tokens_ratio_vs_solo and slow_tokens_ratio_vs_solo: the same ratios of gene
 peer from one whose steps cost more.
 """
 import json
+import math
 import os
 import pathlib
 import tempfile
@@ -175,7 +176,9 @@ def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join
         raise LauncherError(f"--arms: a comma-separated list of {', '.join(ARMS)} that includes alone "
                             f"(the ratios' reference); got {arms!r}")
     chosen = [arm for arm in ARMS if arm in requested]       # alone first
-    seconds = seconds or (10.0 if quick else 300.0)
+    seconds = (10.0 if quick else 300.0) if seconds is None else seconds
+    if not 0 < seconds < math.inf:
+        raise LauncherError(f"--seconds {seconds}: the window of each arm is a positive number of seconds")
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {topology!r} does not exist (the demo's is examples/mutual.yaml in the "

@@ -40,6 +40,12 @@ def test_arms_must_include_alone_the_ratios_reference():
         main(arms="lockstep,async", topology=str(MUTUAL))
 
 
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_window_that_is_not_a_positive_number_of_seconds_is_refused(seconds):
+    with pytest.raises(LauncherError, match="--seconds"):
+        main(seconds=seconds, topology=str(MUTUAL))
+
+
 def test_a_setting_a_trainer_refuses_is_an_error_before_anything_starts(tmp_path):
     import yaml
     config = {**yaml.safe_load(MUTUAL.read_text()), "data_dir": str(tmp_path)}

@@ -166,3 +166,26 @@ def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guid
     with pytest.raises(Exception, match="speed 0"):
         from mrl_launcher.lab.run import run_points
         run_points([replace(Point(), speed=0)], settings, ["none"], [0], workers=1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "0"], "--seeds 0"),
+    (["--workers", "0"], "--workers 0"),
+    (["--gap", "2"], "gap 2.0"),
+    (["--overlap", "-0.1"], "overlap -0.1"),
+    (["--staleness", "-1"], "staleness -1"),
+    (["--group-size", "1"], "group_size 1"),
+    (["--interference", "-1"], "interference -1.0"),
+    (["--speed", "0"], "speed 0"),
+    (["--tokenizers", "gpt2"], "tokenizers 'gpt2'"),
+    (["--steps", "0"], "steps 0"),
+    (["--contexts", "0"], "contexts 0"),
+    (["--p-strong", "1.5"], "p_strong 1.5"),
+    (["--lr", "0"], "lr 0.0"),
+])
+def test_a_bad_point_or_setting_is_a_clear_error_before_any_run(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["lab", "bandit", *args])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "mrl lab bandit: error:" in err and message in err, err

@@ -57,6 +57,10 @@ def bandit(parser):
         from mrl_launcher.lab.run import run_points
         from mrl_launcher.lab.stats import summarize_point
         from mrl_trainer.sharing import SHARING_MODES
+        from mrl.errors import InvalidArgument
+        for name in ("seeds", "workers"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise InvalidArgument(f"--{name} {getattr(args, name)}: expected at least 1")
         settings = Settings(**QUICK) if args.quick else Settings()
         overrides = {k: getattr(args, k) for k in ("steps", "contexts", "p_strong", "p_weak", "lr")
                      if getattr(args, k) is not None}

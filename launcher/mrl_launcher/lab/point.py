@@ -13,8 +13,11 @@
     speed        a's steps per step of b under the async coupling (sharing.coupling: async); lockstep runs
                  both at one pace whatever it is
 """
+import math
 import os
 from dataclasses import dataclass, replace
+
+from mrl.errors import InvalidArgument
 
 __all__ = ["Point", "Settings", "sweep_points", "default_workers"]
 
@@ -29,6 +32,16 @@ class Point:
     group_size: int = 8                  # G
     interference: float = 0.0            # β, the shared table's weight (0: contexts independent)
     speed: int = 1                       # async: a's steps per step of b
+
+    def __post_init__(self):
+        _check(0 <= self.gap <= 1, "gap", self.gap, "a share of the contexts, in [0, 1]")
+        _check(0 <= self.overlap <= 1, "overlap", self.overlap, "a share of b's answer mass, in [0, 1]")
+        _check(self.staleness >= 0, "staleness", self.staleness, "steps ago, >= 0")
+        _check(len(self.tokenizers.split("/")) == 2 and all(self.tokenizers.split("/")), "tokenizers",
+               self.tokenizers, "a's and b's tokenizer ids, a/b (e.g. gpt2/mistral-v1)")
+        _check(self.group_size >= 2, "group_size", self.group_size, "samples per context, >= 2")
+        _check(0 <= self.interference < math.inf, "interference", self.interference, "a weight, >= 0")
+        _check(self.speed >= 1, "speed", self.speed, "a's steps per step of b, >= 1")
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,21 @@ class Settings:
     p_weak: float = 0.02
     p_distract: float = 0.5
     noise: float = 0.3
+
+    def __post_init__(self):
+        for name in ("contexts", "prompts_per_step", "steps", "eval_every", "max_new_tokens", "micro_batch_tokens"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        _check(0 < self.lr < math.inf, "lr", self.lr, "a learning rate, > 0")
+        for name in ("p_strong", "p_weak", "p_distract"):
+            _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a probability, in [0, 1)")
+        _check(self.p_weak + self.p_distract < 1, "p_weak + p_distract", self.p_weak + self.p_distract,
+               "the weak contexts' favoured mass, < 1")
+        _check(0 <= self.noise < math.inf, "noise", self.noise, ">= 0")
+
+
+def _check(ok: bool, name: str, value, expected: str) -> None:
+    if not ok:
+        raise InvalidArgument(f"{name} {value!r}: expected {expected}")
 
 
 def sweep_points(base: Point) -> list[Point]:

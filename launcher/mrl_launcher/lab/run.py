@@ -426,8 +426,6 @@ def run_points(points: list[Point], settings: Settings, modes: list[str], seeds:
         mode_config(m)            # fail early on a bad spec
     for p in points:
         _vocabs(p.tokenizers)     # fail early on a missing tokenizer
-        if p.speed < 1:
-            raise FailedPrecondition(f"speed {p.speed}: a's steps per step of b must be >= 1")
     tasks = [(i, p, settings, m, s) for i, p in enumerate(points) for s in seeds for m in modes]
     results: list[dict] = [{m: [] for m in modes} for _ in points]
     left = [len(seeds) * len(modes)] * len(points)
