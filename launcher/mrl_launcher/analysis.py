@@ -76,8 +76,8 @@ def num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def load_policy_run(path: str | Path) -> PolicyRun:
-    """Read one trainer's metrics.jsonl, checking it can be reported on."""
+def read_policy_records(path: str | Path) -> list[dict]:
+    """One trainer's metrics.jsonl records; LauncherError when the file is missing, not metrics, or empty."""
     path = Path(path)
     if not path.is_file():
         raise LauncherError(f"metrics file {str(path)!r} does not exist: pass the metrics.jsonl a trainer wrote "
@@ -89,6 +89,13 @@ def load_policy_run(path: str | Path) -> PolicyRun:
                            f"'step' and 'policy'): {exc}") from exc
     if not records:
         raise LauncherError(f"{path} is empty: the trainer has not logged a step yet; report once it has")
+    return records
+
+
+def load_policy_run(path: str | Path) -> PolicyRun:
+    """Read one trainer's metrics.jsonl, checking it can be reported on."""
+    path = Path(path)
+    records = read_policy_records(path)
     policies = list(dict.fromkeys(str(r.get("policy")) for r in records))
     if len(policies) > 1:
         raise LauncherError(f"{path} holds records of several policies ({', '.join(policies)}): "

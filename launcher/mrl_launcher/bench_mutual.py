@@ -58,10 +58,9 @@ import tempfile
 import threading
 import time
 
-import yaml
 
 from mrl_launcher.errors import LauncherError, RunFailed
-from mrl_launcher.topology import run_topology, stop_on_signals, validate_trainers
+from mrl_launcher.topology import read_settings, run_topology, stop_on_signals, validate_trainers
 from mrl_serving import benchmarking
 from mrl_trainer.update import TIMINGS
 
@@ -183,7 +182,7 @@ def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join
     if not path.is_file():
         raise LauncherError(f"topology file {topology!r} does not exist (the demo's is examples/mutual.yaml in the "
                             f"repository: run from its root or pass --topology)")
-    config = yaml.safe_load(path.read_text()) or {}
+    config = read_settings(path)
     config.pop("report", None)
     if len(config.get("trainers") or []) < 2:
         raise LauncherError(f"{topology}: the bench needs a topology with at least two trainers")

@@ -20,12 +20,11 @@ import os
 import pathlib
 import threading
 
-import yaml
 
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.report import write_compare_page
 from mrl_launcher.analysis import compare
-from mrl_launcher.topology import run_topology, stop_on_signals
+from mrl_launcher.topology import read_settings, run_topology, stop_on_signals
 from mrl_serving.registry import installed_services
 from mrl_trainer.sharing import SHARING_MODES
 
@@ -50,7 +49,7 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
             raise LauncherError(f"{what} {values} name one twice: each run needs its own data folder and run id")
     if parallel is not None and parallel < 1:
         raise LauncherError(f"--parallel {parallel}: run at least one run at a time")
-    config = yaml.safe_load(path.read_text()) or {}
+    config = read_settings(path)
     if not config.get("trainers"):
         raise LauncherError(f"{path}: a comparison needs `trainers:` (the pair of policies)")
     out = pathlib.Path(out).resolve()

@@ -11,9 +11,7 @@
 import math
 import pathlib
 
-from mrl_launcher.analysis import PolicyRun, num
-from mrl_launcher.errors import LauncherError
-from mrl_trainer.metrics import read_metrics
+from mrl_launcher.analysis import PolicyRun, num, read_policy_records
 from mrl_trainer.sharing import STAT_SOURCES, stat_labels
 
 __all__ = ["plot_curves", "panels", "figure_stats", "stat_title", "budget", "compare_plot", "LABELS", "CUMULATIVE"]
@@ -131,13 +129,9 @@ def plot_curves(paths: list[str], out: str, title: str = "held-out accuracy") ->
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for path in paths:
-        if not pathlib.Path(path).is_file():
-            raise LauncherError(f"metrics file {path!r} does not exist")
-        records = read_metrics(path)
+        records = read_policy_records(path)
         evals = [r for r in records if r.get("kind") == "eval"]
         train = [r for r in records if r.get("kind", "train") == "train"]
-        if not records:
-            raise LauncherError(f"{path} holds no metrics records")
         label = records[0]["policy"]
         left.plot([r["rollouts_total"] for r in evals], [r["eval_accuracy"] for r in evals], marker="o", label=label)
         right.plot([r["rollouts_total"] for r in train], _moving_average([r["reward_mean"] for r in train]),

@@ -64,7 +64,7 @@ def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pa
     path = base / spec["config"]
     if not path.is_file():
         raise LauncherError(f"trainer config {str(path)!r} does not exist")
-    policy = str((yaml.safe_load(path.read_text()) or {}).get("policy", path.stem))
+    policy = str(read_settings(path).get("policy", path.stem))
     overrides = {"run_id": run_id, "checkpoint.dir": str(data_dir / policy / "checkpoints"),
                  "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False}
     address = lambda name: f"127.0.0.1:{running[name].ready['grpc_port']}"  # noqa: E731
@@ -201,12 +201,24 @@ def _trainer_processes(proc: subprocess.Popen) -> list:
         return []
 
 
+def read_settings(path: pathlib.Path) -> dict:
+    """A YAML file of settings (a topology, a trainer config): its mapping ({} when empty); LauncherError naming the
+    file when it is not valid YAML or not a mapping."""
+    try:
+        settings = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise LauncherError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(settings, dict):
+        raise LauncherError(f"{path}: expected a mapping of settings, got {type(settings).__name__}")
+    return settings
+
+
 def up(config_path: str) -> dict:
     path = pathlib.Path(config_path)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist (the examples are in the repository's "
                          f"examples/ folder: run from its root)")
-    config = yaml.safe_load(path.read_text()) or {}
+    config = read_settings(path)
     with stop_on_signals() as stop:
         results = run_topology(config, path.parent, stop)
     print("mrl up: stopped", flush=True)

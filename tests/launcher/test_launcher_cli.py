@@ -122,3 +122,37 @@ def test_a_bad_trainers_entry_is_refused_before_anything_starts(tmp_path, entry,
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(tmp_path)))
     with pytest.raises(LauncherError, match=error):
         validate_trainers({"trainers": [entry]}, tmp_path)
+
+
+@pytest.mark.parametrize("text, error", [
+    ("a: [1\n", "not valid YAML"),
+    ("- 1\n- 2\n", "expected a mapping of settings, got list"),
+    ("just words\n", "expected a mapping of settings, got str"),
+])
+def test_a_topology_that_is_not_a_mapping_is_a_clear_error_in_every_command(tmp_path, text, error):
+    from mrl_launcher import bench_mutual, experiment, topology
+    from mrl_launcher.errors import LauncherError
+    path = tmp_path / "topology.yaml"
+    path.write_text(text)
+    for command in (lambda: topology.up(str(path)),
+                    lambda: experiment.run_compare(path, ["none"], None, tmp_path / "out"),
+                    lambda: bench_mutual.main(topology=str(path))):
+        with pytest.raises(LauncherError, match=error):
+            command()
+
+
+def test_a_trainer_config_that_is_not_a_mapping_is_refused_before_anything_starts(tmp_path):
+    from mrl_launcher.errors import LauncherError
+    from mrl_launcher.topology import validate_trainers
+    (tmp_path / "tiny.yaml").write_text("- not\n- settings\n")
+    with pytest.raises(LauncherError, match="tiny.yaml: expected a mapping of settings, got list"):
+        validate_trainers({"trainers": [{"config": "tiny.yaml"}]}, tmp_path)
+
+
+def test_plot_of_a_file_that_is_not_metrics_is_a_clear_error(tmp_path):
+    from mrl_launcher.errors import LauncherError
+    from mrl_launcher.figures import plot_curves
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("root:x:0:0\n")
+    with pytest.raises(LauncherError, match="is not a trainer metrics file"):
+        plot_curves([str(path)], str(tmp_path / "x.png"))
