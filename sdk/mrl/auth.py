@@ -25,11 +25,13 @@ import tempfile
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from mrl.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from mrl.errors import InvalidArgument, MrlError, PermissionDenied, Unauthenticated
+from mrl.experience import validate_name
 
-__all__ = ["Principal", "Authenticator", "add_principal", "hash_token", "new_token", "ANONYMOUS", "is_loopback"]
+__all__ = ["Principal", "Authenticator", "add_principal", "checked_entry", "hash_token", "new_token", "ANONYMOUS",
+           "is_loopback"]
 
 
 def hash_token(token: str) -> str:
@@ -50,11 +52,21 @@ def is_loopback(host: str) -> bool:
 
 
 class Principal(BaseModel):
-    name: str
+    name: str = Field(min_length=1)
     role: Literal["policy", "admin"]
     policy: str | None = Field(None, description="The policy id a `policy` principal acts as.")
     runs: list[str] = Field(default_factory=lambda: ["*"], description="Runs it belongs to; '*' is every run.")
     token_sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the token")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_is_a_name(cls, policy: str | None) -> str | None:
+        return policy and _name("policy", policy)
+
+    @field_validator("runs")
+    @classmethod
+    def _runs_are_names(cls, runs: list[str]) -> list[str]:
+        return [run if run == "*" else _name("run", run) for run in runs]
 
     @model_validator(mode="after")
     def _policy_needs_id(self):
@@ -82,6 +94,20 @@ class Principal(BaseModel):
             raise PermissionDenied(f"principal {self.name!r} is not an admin")
 
 
+def _name(what: str, value: str) -> str:
+    try:
+        return validate_name(what, value)       # as the exchange checks the ids a principal acts on
+    except MrlError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _problems(exc: ValidationError) -> str:
+    """A principal's validation errors, without the input values: a token pasted where its hash belongs must
+    not reach the logs."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'principal'}: {e['msg']}"
+                     for e in exc.errors(include_url=False, include_input=False))
+
+
 ANONYMOUS = Principal(name="anonymous", role="admin", token_sha256="0" * 64)  # never matched: auth is off
 
 
@@ -105,10 +131,7 @@ class Authenticator:
                                       f"got a {type(doc).__name__}")
             return cls([Principal(**p) for p in doc.get("principals", [])])
         except ValidationError as exc:
-            # Without the input values: a token pasted where its hash belongs must not reach the logs.
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'principal'}: {e['msg']}"
-                                 for e in exc.errors(include_url=False, include_input=False))
-            raise InvalidArgument(f"auth file {path}: {problems}") from None
+            raise InvalidArgument(f"auth file {path}: {_problems(exc)}") from None
         except (OSError, yaml.YAMLError, TypeError) as exc:
             raise InvalidArgument(f"auth file {path}: {exc}") from exc
 
@@ -126,13 +149,24 @@ class Authenticator:
         return principal
 
 
+def checked_entry(entry: dict) -> dict:
+    """`entry` (a principal, as the auth file holds it), checked as the services will load it; InvalidArgument
+    naming what is wrong otherwise."""
+    try:
+        Principal(**entry)
+    except ValidationError as exc:
+        raise InvalidArgument(f"principal {entry.get('name')!r}: {_problems(exc)}") from None
+    return entry
+
+
 def add_principal(path: str | pathlib.Path, entry: dict) -> None:
     """Add `entry` (a principal, as the auth file holds it) to the auth file at `path`, created if missing.
 
     The file is rewritten whole (its comments are not kept) through a temporary file renamed over it, so
     a reader sees the old file or the new one, never half of one. InvalidArgument, the file untouched,
-    when it does not load or already holds a principal of that name."""
+    when it does not load or already holds a principal of that name, or when `entry` is not one it could load."""
     path = pathlib.Path(path)
+    checked_entry(entry)
     try:
         with _locked(path.parent):             # two `mrl token new --auth-file` at once: one after the other
             doc: dict = {}

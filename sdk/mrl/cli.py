@@ -31,7 +31,7 @@ from importlib.metadata import entry_points
 import yaml
 from pydantic import ValidationError
 
-from mrl.auth import add_principal, hash_token, new_token
+from mrl.auth import add_principal, checked_entry, hash_token, new_token
 from mrl.errors import MrlError
 
 __all__ = ["main", "token_new", "GROUP"]
@@ -55,7 +55,8 @@ def token_new(parser: argparse.ArgumentParser):
         principal = {"name": args.name, "role": args.role, "runs": args.runs or ["*"],
                      "token_sha256": hash_token(token)}
         if args.role == "policy":
-            principal["policy"] = args.policy or args.name
+            principal["policy"] = args.name if args.policy is None else args.policy
+        checked_entry(principal)
         if args.auth_file:
             add_principal(args.auth_file, principal)
             print(token)

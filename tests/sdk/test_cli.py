@@ -49,6 +49,22 @@ def test_token_new_refuses_an_auth_file_it_cannot_read_and_leaves_it_alone(capsy
     assert path.read_text() == "principals: {not: a list}\n"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--name", ""], "name"),
+    (["--name", "lab-a", "--policy", ""], "no 'policy' id"),
+    (["--name", "lab-a", "--runs", ""], "runs"),
+])
+def test_token_new_refuses_a_principal_the_services_could_not_load_and_writes_nothing(capsys, tmp_path, args,
+                                                                                       message):
+    path = tmp_path / "auth.yaml"
+    for extra in ([], ["--auth-file", str(path)]):
+        with pytest.raises(SystemExit) as exc:
+            main(["token", "new", *args, *extra])
+        out, err = capsys.readouterr()
+        assert exc.value.code == 2 and message in err and "mrl_" not in out, (out, err)
+    assert not path.exists()
+
+
 def _commands(calls: list):
     def serve(parser: argparse.ArgumentParser):
         """serve a thing"""
