@@ -17,6 +17,8 @@ BAD = [
     ({"node": "n1", "nodes": {"n1": {"slots": 1}}}, "this replica's own node"),
     ({"backfill_slack": 2}, "backfill_slack"),
     ({"request_liveness_s": 0.5, "sweep_interval_s": 0.25}, "request_liveness_s"),
+    ({"max_step_cost": math.inf}, "finite"), ({"aging": math.nan}, "finite"),
+    ({"rate_limit_per_s": math.inf}, "finite"),
 ]
 
 

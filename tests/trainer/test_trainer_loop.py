@@ -224,6 +224,19 @@ def test_a_bad_override_is_a_clear_error_with_exit_code_2(tmp_path, override, me
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("key", ["rollout.temperature", "loss.weight_decay", "loss.lr", "sharing.max_age_s",
+                                 "sharing.sgt.lam", "sharing.guard.trust_rate", "sharing.hacpo.alpha",
+                                 "sharing.prp.c", "scheduler.step_cost", "warm_start.lr"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_setting_that_is_not_a_finite_number_is_refused(tmp_path, key, value):
+    overrides = {key: value, "sharing.mode": "sgt"}
+    if key.startswith("scheduler."):
+        overrides["scheduler.target"] = "127.0.0.1:1"
+    with pytest.raises(TrainerError, match="finite number") as exc:
+        load_config(write_config(tmp_path), overrides)
+    assert key.rpartition(".")[2] in str(exc.value)
+
+
 def test_an_empty_dataset_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -1,5 +1,4 @@
 """Settings of the scheduler, MWRA (env `MRL_*`, or the YAML file named by `MRL_CONFIG`)."""
-import math
 import re
 import socket
 from typing import ClassVar, Literal
@@ -92,8 +91,8 @@ class SchedulerSettings(ServerSettings):
     def _weights(cls, value: dict) -> dict:
         for policy, w in value.items():
             name_setting("weights key", policy)
-            if not (math.isfinite(w) and w > 0):
-                raise ValueError(f"weights[{policy!r}] is {w}: a weight must be a finite number > 0")
+            if w <= 0:
+                raise ValueError(f"weights[{policy!r}] is {w}: a weight must be > 0")
         return value
 
     @model_validator(mode="after")

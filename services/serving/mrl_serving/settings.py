@@ -27,7 +27,7 @@ def name_setting(field: str, value: str) -> str:
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MRL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MRL_", extra="ignore", allow_inf_nan=False)
 
     redis_url: str | None = Field(
         None, description="Redis to use (redis://, rediss:// or unix://). Unset: start an embedded "

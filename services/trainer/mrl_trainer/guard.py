@@ -72,7 +72,7 @@ __all__ = ["GuardConfig", "Guard"]
 
 
 class GuardConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     enabled: bool = Field(True, description="The no-harm guard: project out the part of the peer term that "
                                             "conflicts with the own gradient, and scale the rest by a trust "
                                             "learned in hindsight (docs/algorithms.md).")

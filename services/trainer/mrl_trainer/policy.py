@@ -34,7 +34,7 @@ PLAIN_CHAT_TEMPLATE = (
 
 class ModelSpec(BaseModel):
     """Where a policy's weights and tokenizer come from."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     source: Literal["hf", "gguf", "config"] = Field(description="hf folder, gguf file, or built from `architecture`.")
     path: str | None = Field(None, description="hf: the folder; gguf: the .gguf file.")

@@ -57,7 +57,7 @@ _KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 class WarmStartConfig(BaseModel):
     """A supervised warm start before RL (see mrl_trainer.sft)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(300, ge=1, description="Optimizer steps of the supervised pass, each on the next "
                                               "batch_size train-split problems.")

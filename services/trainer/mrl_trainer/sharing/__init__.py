@@ -65,14 +65,14 @@ def stat_labels() -> dict[str, str]:
 
 
 class AlignConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     target: str = Field(description="host:port of the tokenizer alignment service (THL).")
     token: str | None = Field(None, description="Bearer token (default: the exchange's token, or env MRL_TOKEN).")
 
 
 class _Sharing(BaseModel):
     """The fields of `sharing:` common to every mode."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     mode: str
     peers: list[str] = Field(default_factory=list, description="Policies whose experience is used and waited for "
                                                                "([]: any producer; wait for at least one).")

@@ -50,7 +50,7 @@ OMEGA_MIN, OMEGA_MAX = 0.1, 10.0
 
 
 class HACPOConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     alpha: float = Field(1.0, ge=0, description="α: exponent of the stopped-gradient weight sg[s̄]^α (1 or 3).")
     delta: float = Field(0.2, gt=0, lt=1, description="δ: the peer ratio's lower clip bound starts at 1 − δ.")
     delta_step: float = Field(0.01, ge=0, description="δ_step: the lower bound rises by this per optimizer update.")

@@ -8,7 +8,7 @@ __all__ = ["NoSharing", "NoSharingConfig"]
 
 class NoSharingConfig(BaseModel):
     """none has no knobs."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class NoSharing(SharingMode):

@@ -35,7 +35,7 @@ __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
 
 class PRPConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     c: float = Field(1.0, gt=0, description="Truncation of the peer density ratio: ρ̄ = min(ρ, c).")
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
 

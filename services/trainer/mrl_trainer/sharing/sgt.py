@@ -33,7 +33,7 @@ __all__ = ["SGT", "SGTConfig", "rescue_nll"]
 
 
 class SGTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     lam: float = Field(0.1, ge=0, description="λ: weight of the NLL of rescued peer successes.")
     per_prompt: int = Field(1, ge=1, description="Most accepted peer successes used per rescued prompt.")
     tau: float = Field(0.0, ge=0, le=1, description="Gate: rescue a prompt when the own success rate is ≤ τ "

@@ -34,7 +34,7 @@ __all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
 
 
 class XGRPOConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     uniform_groups: Literal["pooled", "zero"] = Field(
         "pooled", description="An own group whose rewards are all equal: 'pooled' scores it against the pooled "
                               "baseline (the paper: all failed → every sample pushed down); 'zero' keeps A = 0 "

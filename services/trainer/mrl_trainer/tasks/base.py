@@ -57,7 +57,7 @@ class TaskError(TrainerError):
 
 class TaskSpec(BaseModel):
     """One verifiable task: a procedural family at a level, or a JSONL file (family "jsonl")."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     family: Family = Field(description="arithmetic | countdown | linear (procedural, infinite) | jsonl (a file).")
     level: int = Field(1, ge=1, description="Difficulty; each family documents what it scales (jsonl: 1 only).")
