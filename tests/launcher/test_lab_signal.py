@@ -100,9 +100,12 @@ def test_the_command_prints_a_line_per_row_and_ends_with_one_json_line(tmp_path)
 
 
 @pytest.mark.parametrize("temperatures, lengths, prompts, message", [
-    ([], None, 2, "no temperature given"), ([0.0], None, 2, "finite number > 0"),
-    ([float("nan")], None, 2, "finite number > 0"), ([1.0], [], 2, "no max_new_tokens given"),
-    ([1.0], [0], 2, "1..32768"), ([1.0], None, 0, "at least one prompt")])
+    ([], None, 2, "no temperature given"), ([0.0], None, 2, "temperature 0.0: Input should be greater than 0"),
+    ([float("nan")], None, 2, "temperature nan: Input should be a finite number"),
+    ([1.0], [], 2, "no max_new_tokens given"),
+    ([1.0], [0], 2, "max_new_tokens 0: Input should be greater than or equal to 1"),
+    ([1.0], [40000], 2, "max_new_tokens 40000: Input should be less than or equal to 32768"),
+    ([1.0], None, 0, "at least one prompt")])
 def test_bad_settings_are_refused_before_the_model_is_built(tmp_path, temperatures, lengths, prompts, message):
     with pytest.raises(TrainerError, match=message):
         measure(str(tmp_path / "no-such.yaml"), temperatures, lengths, prompts=prompts)

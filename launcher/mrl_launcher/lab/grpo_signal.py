@@ -21,12 +21,13 @@ decodes, on training prompts). The policy is built as the trainer would build it
 checkpoint.dir when there is one and checkpoint.resume holds; else a configured `warm_start`, which trains and
 is cached the first time, as for the run), with sharing off: no RL step, nothing published or checkpointed.
 """
-import math
 import pathlib
 import tempfile
 import time
 
-from mrl_trainer.config import load_config
+from pydantic import ValidationError
+
+from mrl_trainer.config import RolloutConfig, load_config
 from mrl_trainer.errors import TrainerError
 
 __all__ = ["measure", "informative_share", "expected_informative"]
@@ -66,13 +67,15 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
         raise TrainerError(f"--prompts {prompts}: give at least one prompt")
     if not temperatures:
         raise TrainerError("no temperature given: name at least one (greedy is always measured as well)")
-    if not all(math.isfinite(t) and t > 0 for t in temperatures):
-        raise TrainerError(f"temperatures {temperatures}: each must be a finite number > 0 (greedy is always "
-                           f"measured as well)")
     if lengths is not None and not lengths:
         raise TrainerError("no max_new_tokens given: name at least one length")
-    if lengths is not None and not all(1 <= n <= 32768 for n in lengths):
-        raise TrainerError(f"max_new_tokens {lengths}: each must lie in 1..32768")
+    for name, values in (("temperature", temperatures), ("max_new_tokens", lengths or [])):
+        for value in values:                 # each as a trainer config's rollout section would take it
+            try:
+                RolloutConfig(**{name: value})
+            except ValidationError as exc:
+                raise TrainerError(f"{name} {value}: {exc.errors()[0]['msg']} (greedy is always measured as "
+                                   f"well)") from None
     with tempfile.TemporaryDirectory(prefix="mrl-signal-") as scratch:
         solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
                 "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,
