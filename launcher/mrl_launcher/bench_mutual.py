@@ -58,7 +58,6 @@ import tempfile
 import threading
 import time
 
-
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.topology import read_settings, run_topology, stop_on_signals, validate_trainers
 from mrl_serving import benchmarking

@@ -20,7 +20,6 @@ import os
 import pathlib
 import threading
 
-
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.report import write_compare_page
 from mrl_launcher.analysis import compare

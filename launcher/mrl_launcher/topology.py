@@ -208,6 +208,8 @@ def read_settings(path: pathlib.Path) -> dict:
         settings = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise LauncherError(f"{path}: not valid YAML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LauncherError(f"{path}: cannot read it: {exc}") from exc
     if not isinstance(settings, dict):
         raise LauncherError(f"{path}: expected a mapping of settings, got {type(settings).__name__}")
     return settings

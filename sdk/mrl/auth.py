@@ -95,10 +95,13 @@ class Principal(BaseModel):
 
 
 def _name(what: str, value: str) -> str:
+    """`value` if it is a valid id (as the exchange checks the ids a principal acts on); the error does not repeat
+    it: a token pasted here must not reach the logs."""
     try:
-        return validate_name(what, value)       # as the exchange checks the ids a principal acts on
-    except MrlError as exc:
-        raise ValueError(str(exc)) from None
+        return validate_name(what, value)
+    except MrlError:
+        raise ValueError(f"not a valid {what} id: use 1-64 characters of letters, digits, '.', '_' or '-', "
+                         f"starting with a letter or digit") from None
 
 
 def _problems(exc: ValidationError) -> str:

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from mrl.cli import main
+from mrl.errors import InvalidArgument
 from mrl_launcher.lab.point import Point, sweep_points
 from mrl_launcher.lab.stats import SHARING_KEYS
 from mrl_tokenizer_align import catalog
@@ -163,13 +164,13 @@ def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guid
     assert b["end"] == b["curve"][-1] and 0.0 <= a["end"] <= 1.0
     unguided = run_one(point, settings, "sgt:coupling=async:guided_share=0", seed=0)
     assert all(unguided["policies"][k]["stats"]["peer_guided"] == 0 for k in ("a", "b"))
-    with pytest.raises(Exception, match="speed 0"):
-        from mrl_launcher.lab.run import run_points
-        run_points([replace(Point(), speed=0)], settings, ["none"], [0], workers=1)
+    with pytest.raises(InvalidArgument, match="speed 0"):
+        replace(Point(), speed=0)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--seeds", "0"], "--seeds 0"),
+    (["--first-seed", "-1"], "--first-seed -1"),
     (["--workers", "0"], "--workers 0"),
     (["--gap", "2"], "gap 2.0"),
     (["--overlap", "-0.1"], "overlap -0.1"),

@@ -141,6 +141,15 @@ def test_a_topology_that_is_not_a_mapping_is_a_clear_error_in_every_command(tmp_
             command()
 
 
+def test_a_topology_that_cannot_be_read_as_text_is_a_clear_error(tmp_path):
+    from mrl_launcher import topology
+    from mrl_launcher.errors import LauncherError
+    path = tmp_path / "topology.yaml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(LauncherError, match="cannot read it"):
+        topology.up(str(path))
+
+
 def test_a_trainer_config_that_is_not_a_mapping_is_refused_before_anything_starts(tmp_path):
     from mrl_launcher.errors import LauncherError
     from mrl_launcher.topology import validate_trainers

@@ -49,6 +49,9 @@ def test_a_policy_acts_only_as_itself_in_its_runs():
     ([{"name": "x", "role": "policy", "token_sha256": "a" * 64}], "no 'policy' id"),
     ([{"name": "x", "role": "root", "token_sha256": "a" * 64}], "role"),
     ([{"name": "x", "role": "admin", "token_sha256": "a-pasted-token"}], "token_sha256"),
+    ([{"name": "x", "role": "policy", "policy": "Bearer a-pasted-token", "token_sha256": "a" * 64}],
+     "not a valid policy id"),
+    ([{"name": "x", "role": "admin", "runs": ["a-pasted-token "], "token_sha256": "a" * 64}], "not a valid run id"),
     ([{"name": "x", "role": "admin", "token_sha256": "a" * 64}, {"name": "y", "role": "admin",
                                                                  "token_sha256": "a" * 64}], "share a token hash"),
 ])

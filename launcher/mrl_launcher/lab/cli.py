@@ -58,9 +58,9 @@ def bandit(parser):
         from mrl_launcher.lab.stats import summarize_point
         from mrl_trainer.sharing import SHARING_MODES
         from mrl.errors import InvalidArgument
-        for name in ("seeds", "workers"):
-            if getattr(args, name) is not None and getattr(args, name) < 1:
-                raise InvalidArgument(f"--{name} {getattr(args, name)}: expected at least 1")
+        for name, least in (("seeds", 1), ("workers", 1), ("first_seed", 0)):
+            if getattr(args, name) is not None and getattr(args, name) < least:
+                raise InvalidArgument(f"--{name.replace('_', '-')} {getattr(args, name)}: expected at least {least}")
         settings = Settings(**QUICK) if args.quick else Settings()
         overrides = {k: getattr(args, k) for k in ("steps", "contexts", "p_strong", "p_weak", "lr")
                      if getattr(args, k) is not None}

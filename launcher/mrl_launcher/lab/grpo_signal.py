@@ -74,8 +74,8 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
             try:
                 RolloutConfig(**{name: value})
             except ValidationError as exc:
-                raise TrainerError(f"{name} {value}: {exc.errors()[0]['msg']} (greedy is always measured as "
-                                   f"well)") from None
+                greedy = " (greedy is always measured as well)" if name == "temperature" else ""
+                raise TrainerError(f"{name} {value}: {exc.errors()[0]['msg']}{greedy}") from None
     with tempfile.TemporaryDirectory(prefix="mrl-signal-") as scratch:
         solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
                 "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,

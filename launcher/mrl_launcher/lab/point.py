@@ -65,10 +65,8 @@ class Settings:
         for name in ("contexts", "prompts_per_step", "steps", "eval_every", "max_new_tokens", "micro_batch_tokens"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         _check(0 < self.lr < math.inf, "lr", self.lr, "a learning rate, > 0")
-        for name in ("p_strong", "p_weak", "p_distract"):
-            _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a probability, in [0, 1)")
-        _check(self.p_weak + self.p_distract < 1, "p_weak + p_distract", self.p_weak + self.p_distract,
-               "the weak contexts' favoured mass, < 1")
+        for name in ("p_strong", "p_weak", "p_distract"):        # a favoured mass over 0.99 is scaled to 0.99
+            _check(0 <= getattr(self, name) <= 1, name, getattr(self, name), "a probability, in [0, 1]")
         _check(0 <= self.noise < math.inf, "noise", self.noise, ">= 0")
 
 

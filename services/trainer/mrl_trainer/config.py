@@ -16,7 +16,7 @@ import pathlib
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mrl.assets import expand
 from mrl.errors import InvalidArgument
@@ -24,6 +24,7 @@ from mrl.experience import validate_name
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.losses import Aggregation, ImportanceLevel
 from mrl_trainer.policy import ModelSpec
+from mrl_trainer.section import Section
 from mrl_trainer.sft import WarmStartConfig
 from mrl_trainer.sharing import SharingConfig, sharing_config
 from mrl_trainer.tasks import TaskSpec
@@ -32,11 +33,7 @@ __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "Checkp
            "ExchangeConfig", "SchedulerConfig", "load_config"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     engine: Literal["hf", "sglang"] = Field("hf", description="hf: transformers generate (CPU/GPU); "
                                                               "sglang: sglang.Engine (GPU, `pip install mrl-trainer[sglang]`).")
     group_size: int = Field(8, ge=2, description="G: samples per prompt; advantages are relative within a group.")
@@ -47,7 +44,7 @@ class RolloutConfig(_Section):
     max_batch: int = Field(64, ge=1, description="Most sequences generated at once (memory bound).")
 
 
-class LossConfig(_Section):
+class LossConfig(Section):
     level: ImportanceLevel = Field("token", description="token: GRPO's per-token ratio; sequence: GSPO.")
     aggregation: Aggregation = Field("token-mean", description="token-mean (DAPO), seq-mean-token-mean (GRPO), "
                                                                "seq-mean-token-sum-norm (Dr.GRPO).")
@@ -69,32 +66,32 @@ class LossConfig(_Section):
                                                             "backward; the batch is split, gradients accumulated.")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every: int = Field(10, ge=0, description="Evaluate every this many steps (0: never), and at the start and end.")
     problems: int = Field(64, ge=1, description="Held-out problems (the task's eval split), greedy decoding.")
 
 
-class CheckpointConfig(_Section):
+class CheckpointConfig(Section):
     dir: str = Field(".mrl/checkpoints/policy", description="Where step-N/ folders and `latest` are written.")
     every: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
     keep: int = Field(2, ge=1, description="How many checkpoints are kept.")
     resume: bool = Field(True, description="Resume from the latest checkpoint in `dir` when there is one.")
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     jsonl: str | None = Field(None, description="Per-step metrics file (default: <checkpoint.dir>/metrics.jsonl).")
     prometheus_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0: any).")
     tensorboard: str | None = Field(None, description="A TensorBoard log dir (needs the tensorboard package).")
     progress: bool = Field(True, description="Show a progress bar.")
 
 
-class ExchangeConfig(_Section):
+class ExchangeConfig(Section):
     target: str = Field(description="host:port of the exchange (SEE).")
     token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
     tokenizer_id: str = Field(description="THL name of this policy's tokenizer (e.g. smollm2, gpt2).")
 
 
-class SchedulerConfig(_Section):
+class SchedulerConfig(Section):
     target: str = Field(description="host:port of the lease scheduler (MWRA); rollout and update each run in a lease.")
     token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
     devices: int = Field(1, ge=1, description="Devices per lease (all at once: gang). Under torchrun: the "
@@ -109,7 +106,7 @@ class SchedulerConfig(_Section):
                                          "(cuda:LOCAL_RANK). None: any free devices.")
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     run_id: str = Field("default", description="The run all co-trained policies share.")
     policy: str = Field(description="This policy's id (names its streams and consumer group).")
     seed: int = Field(0, description="Seeds weights built from a config, sampling and the data order.")

@@ -64,15 +64,15 @@ from collections import OrderedDict
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from mrl_trainer.distributed import Ranks, local
+from mrl_trainer.section import Section
 
 __all__ = ["GuardConfig", "Guard"]
 
 
-class GuardConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class GuardConfig(Section):
     enabled: bool = Field(True, description="The no-harm guard: project out the part of the peer term that "
                                             "conflicts with the own gradient, and scale the rest by a trust "
                                             "learned in hindsight (docs/algorithms.md).")

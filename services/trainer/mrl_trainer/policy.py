@@ -19,10 +19,11 @@ import tempfile
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from mrl.assets import expand, model_cache_dir
 from mrl_trainer.errors import TrainerError
+from mrl_trainer.section import Section
 
 __all__ = ["ModelSpec", "load_policy", "gguf_folder", "prompt_ids", "PLAIN_CHAT_TEMPLATE"]
 
@@ -32,9 +33,8 @@ PLAIN_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}Assistant:{% endif %}")
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Section):
     """Where a policy's weights and tokenizer come from."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     source: Literal["hf", "gguf", "config"] = Field(description="hf folder, gguf file, or built from `architecture`.")
     path: str | None = Field(None, description="hf: the folder; gguf: the .gguf file.")

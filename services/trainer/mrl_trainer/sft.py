@@ -36,13 +36,14 @@ import tempfile
 import time
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from safetensors.torch import load_model, save_model
 
 from mrl.assets import model_cache_dir
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.policy import prompt_ids
+from mrl_trainer.section import Section
 from mrl_trainer.tasks import Problem, Task
 
 __all__ = ["WarmStartConfig", "warm_start", "response_text", "response_ids", "response_nll", "cache_folder",
@@ -55,9 +56,8 @@ MAX_GRAD_NORM = 1.0
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
-class WarmStartConfig(BaseModel):
+class WarmStartConfig(Section):
     """A supervised warm start before RL (see mrl_trainer.sft)."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(300, ge=1, description="Optimizer steps of the supervised pass, each on the next "
                                               "batch_size train-split problems.")

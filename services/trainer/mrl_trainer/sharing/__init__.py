@@ -22,9 +22,10 @@ report are built from that registry. Adding a mode is one module and one line in
 """
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model
+from pydantic import Discriminator, Field, Tag, TypeAdapter, create_model
 
 from mrl_trainer.guard import Guard, GuardConfig
+from mrl_trainer.section import Section
 
 from mrl_trainer.sharing.base import Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier
 from mrl_trainer.sharing.hacpo import HACPO
@@ -64,15 +65,13 @@ def stat_labels() -> dict[str, str]:
     return {key: label for source in STAT_SOURCES for key, label in source.stats.items()}
 
 
-class AlignConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class AlignConfig(Section):
     target: str = Field(description="host:port of the tokenizer alignment service (THL).")
     token: str | None = Field(None, description="Bearer token (default: the exchange's token, or env MRL_TOKEN).")
 
 
-class _Sharing(BaseModel):
+class _Sharing(Section):
     """The fields of `sharing:` common to every mode."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     mode: str
     peers: list[str] = Field(default_factory=list, description="Policies whose experience is used and waited for "
                                                                "([]: any producer; wait for at least one).")

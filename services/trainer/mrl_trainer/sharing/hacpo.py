@@ -35,12 +35,13 @@ k's verifier disagrees with).
 from collections import deque
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_loss
 from mrl_trainer.losses import Aggregation
+from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier,
                                       cross_log_ratio, pooled_peers, solo_advantages)
 
@@ -49,8 +50,7 @@ __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "step
 OMEGA_MIN, OMEGA_MAX = 0.1, 10.0
 
 
-class HACPOConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class HACPOConfig(Section):
     alpha: float = Field(1.0, ge=0, description="α: exponent of the stopped-gradient weight sg[s̄]^α (1 or 3).")
     delta: float = Field(0.2, gt=0, lt=1, description="δ: the peer ratio's lower clip bound starts at 1 − δ.")
     delta_step: float = Field(0.01, ge=0, description="δ_step: the lower bound rises by this per optimizer update.")

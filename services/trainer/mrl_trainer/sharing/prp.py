@@ -23,19 +23,19 @@ variance and the THL residual; both are logged: prp_rho_mean, prp_log_rho_var, p
 (share with ρ > c), and the trainer's thl_* residual statistics.
 """
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import aggregate, group_advantages
+from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio,
                                       pooled_peers)
 
 __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
 
-class PRPConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class PRPConfig(Section):
     c: float = Field(1.0, gt=0, description="Truncation of the peer density ratio: ρ̄ = min(ρ, c).")
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
 

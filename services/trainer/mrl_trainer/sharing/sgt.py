@@ -22,18 +22,18 @@ re-verification: a poisoned or differently-scored peer), sgt_nll.
 """
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import masked_seq_mean
+from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
 
 __all__ = ["SGT", "SGTConfig", "rescue_nll"]
 
 
-class SGTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class SGTConfig(Section):
     lam: float = Field(0.1, ge=0, description="λ: weight of the NLL of rescued peer successes.")
     per_prompt: int = Field(1, ge=1, description="Most accepted peer successes used per rescued prompt.")
     tau: float = Field(0.0, ge=0, le=1, description="Gate: rescue a prompt when the own success rate is ≤ τ "

@@ -24,17 +24,17 @@ pooled advantage is not 0 (pushed all one way under "pooled", zeroed under "zero
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages
+from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import PeerBatch, Plan, SharingMode, Verifier
 
 __all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
 
 
-class XGRPOConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class XGRPOConfig(Section):
     uniform_groups: Literal["pooled", "zero"] = Field(
         "pooled", description="An own group whose rewards are all equal: 'pooled' scores it against the pooled "
                               "baseline (the paper: all failed → every sample pushed down); 'zero' keeps A = 0 "

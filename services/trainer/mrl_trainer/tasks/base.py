@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from mrl_trainer.errors import TrainerError
+from mrl_trainer.section import Section
 
 __all__ = ["Family", "Split", "AnswerFormat", "TaskError", "TaskSpec", "Problem", "Task", "ProceduralTask",
            "check_split", "seeded_rng", "split_of", "last_boxed", "answer_region", "final_number"]
@@ -55,9 +56,9 @@ class TaskError(TrainerError):
     """A bad task spec or data file, or a verifier that broke (never a wrong or garbled response)."""
 
 
-class TaskSpec(BaseModel):
+class TaskSpec(Section):
     """One verifiable task: a procedural family at a level, or a JSONL file (family "jsonl")."""
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True)
 
     family: Family = Field(description="arithmetic | countdown | linear (procedural, infinite) | jsonl (a file).")
     level: int = Field(1, ge=1, description="Difficulty; each family documents what it scales (jsonl: 1 only).")
