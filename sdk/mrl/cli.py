@@ -45,7 +45,7 @@ def token_new(parser: argparse.ArgumentParser):
     parser.add_argument("--name", required=True)
     parser.add_argument("--role", choices=["policy", "admin"], default="policy")
     parser.add_argument("--policy", help="policy id it acts as (default: --name)")
-    parser.add_argument("--runs", nargs="*", help="runs it belongs to (default: all)")
+    parser.add_argument("--runs", nargs="+", help="runs it belongs to (default: all)")
     parser.add_argument("--auth-file", type=pathlib.Path,
                         help="add the entry to this auth file (created if missing; refused if --name is in it "
                              "already) and print only the token")

@@ -53,6 +53,7 @@ def test_token_new_refuses_an_auth_file_it_cannot_read_and_leaves_it_alone(capsy
     (["--name", ""], "name"),
     (["--name", "lab-a", "--policy", ""], "no 'policy' id"),
     (["--name", "lab-a", "--runs", ""], "runs"),
+    (["--name", "lab-a", "--runs"], "--runs"),          # no run named is not every run
 ])
 def test_token_new_refuses_a_principal_the_services_could_not_load_and_writes_nothing(capsys, tmp_path, args,
                                                                                        message):
