@@ -610,3 +610,56 @@ def test_a_cross_tokenizer_ratio_is_one_when_both_policies_give_the_text_the_sam
     # one tokenizer: C = |y|, and log s = mean log π_θ^k − mean log π^j (per token)
     logp, mask = rows([[-1.0, -2.0, -3.0]])
     assert cross_log_ratio(logp, mask, torch.tensor([-4.5]), torch.tensor([3.0])).item() == pytest.approx(-2.0 + 1.5)
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_hacpo_forwards_its_clipped_peer_samples_without_gradient(tiny_trainer, mini_batches):
+    """A peer sample whose ratio s falls outside HACPO's clip [1 − δ + m·δ_step, 1] adds a constant to the loss: the
+    update screens the extras in a forward without gradient, then forwards with gradient only the others. Same
+    gradients, loss and statistics as the plain update (sharing.hacpo.screen: false); fewer rows through autograd."""
+    from mrl_trainer.logprobs import completion_logprobs
+    trainer = tiny_trainer
+    trainer.cfg.loss.mini_batches = mini_batches
+    batch = trainer.rollout(0)
+    n = sum(len(g) for g in batch.samples)
+    own = [s for g in batch.samples for s in g]
+    prompts = [g[0].prompt_ids for g in batch.samples]
+    extra_ids = [[11, 12], [13, 14, 15], [16], [17, 18], [19, 20, 21], [22]]
+    with torch.no_grad():   # Σ_t log π_θ(y_t) of each extra under the receiver as it is now
+        logp, mask = completion_logprobs(trainer.model, [prompts[i % 2] for i in range(6)], extra_ids,
+                                         trainer.tokenizer.pad_token_id, trainer.cfg.rollout.temperature)
+        own_sum = torch.where(mask.bool(), logp, 0.0).sum(-1).tolist()
+    log_s = [-5.0, -0.1, -5.0, -0.05, 0.5, -5.0]    # clipped below, inside, clipped, inside, above 1, clipped
+    extras = [Extra(prompt_index=i % 2, ids=ids, advantage=0.5 - i / 3, behaviour_logp=own_sum[i] - log_s[i] * len(ids),
+                    chunks=len(ids), weight=1.5) for i, ids in enumerate(extra_ids)]
+    totals = {"num_sequences": n + 6, "num_tokens": sum(len(s.ids) for s in own) + 13}
+    plan = Plan(advantages=torch.linspace(-1, 1, n), extras=extras, totals=totals, extra_totals=totals)
+    rows, grads = [], []
+
+    def count(module, args, kwargs):
+        rows.append((torch.is_grad_enabled(), kwargs["input_ids"].shape[0]))
+    hook = trainer.model.register_forward_pre_hook(count, with_kwargs=True)
+    trainer.optimizer.step = lambda: grads.append([p.grad.clone() for p in trainer.params])   # the weights stay
+    runs = {}
+    try:
+        for screen in (False, True):
+            trainer.sharing = SHARING_MODES["hacpo"](sharing_config(mode="hacpo", hacpo={"screen": screen}),
+                                                     trainer.cfg.loss)
+            rows.clear()
+            stats = trainer.update(batch, plan)
+            runs[screen] = (stats, list(grads), sum(r for grad, r in rows if grad), sum(r for grad, r in rows if not grad))
+            grads.clear()
+    finally:
+        hook.remove()
+        del trainer.optimizer.step
+        trainer.cfg.loss.mini_batches = 1
+    (plain, plain_grads, plain_rows, plain_free), (screened, screened_grads, screened_rows, free) = runs[False], runs[True]
+    assert len(plain_grads) == len(screened_grads) == mini_batches
+    for a, b in zip(plain_grads, screened_grads):
+        for x, y in zip(a, b):
+            assert torch.allclose(x, y, rtol=1e-4, atol=1e-7)
+    for key in ("loss", "hacpo_ratio_mean", "hacpo_clipped", "hacpo_lower_bound", "extras"):
+        assert screened[key] == pytest.approx(plain[key], rel=1e-5)
+    assert plain["hacpo_clipped"] == pytest.approx(4 / 6)
+    assert plain_rows - screened_rows == 4                 # the four clipped extras: no forward with gradient
+    assert free - plain_free == 6                          # every extra screened once without

@@ -1,7 +1,7 @@
 """The trainer's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
 from mrl_serving.commands import bench_command
 
-__all__ = ["run", "bench", "bench_guard", "add_overrides"]
+__all__ = ["run", "bench", "bench_guard", "bench_hacpo", "add_overrides"]
 
 
 def add_overrides(parser, what: str = "a config field") -> None:
@@ -26,3 +26,6 @@ bench = bench_command("mrl_trainer.bench", "one GRPO step of this trainer vs TRL
 bench_guard = bench_command("mrl_trainer.guard_bench", "the no-harm guard's combination per optimizer step on the "
                                                       "demo pair's parameters vs the optimizer's step (time, "
                                                       "memory); ends with one JSON line")
+bench_hacpo = bench_command("mrl_trainer.hacpo_bench", "a HACPO update on SmolLM2's shapes with its clipped peer "
+                                                      "samples screened out of autograd vs the plain update "
+                                                      "(time, memory); ends with one JSON line")

@@ -21,6 +21,9 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 only from backward passes, the changed micro-batches' solo loss takes a forward and backward of
                 its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
+                (a mode that `screens` — HACPO, whose clipped peer samples have no gradient — has its extras
+                forwarded first without autograd, for the loss's value and the statistics, then those that
+                sharing.live finds with a gradient forwarded again, with autograd, in micro-batches of their own)
         guard:  grad ← guard.combine(g_m = grad, g_s, g_r)   (mrl_trainer.guard)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
@@ -36,7 +39,12 @@ order), so k changes how many optimizer steps a step makes, not their scale. Wit
 full-batch update.
 
 With β = 0 a sample whose advantage is 0 adds exactly 0 to the loss and its gradient (the plan's
-totals stay whole), so only the others are forwarded: same update, less compute. The micro-batch losses
+totals stay whole), so only the others are forwarded: same update, less compute. Screening does the same for
+extras whose term is constant at the current parameters: the loss is a sum of per-sequence terms over
+whole-step normalisers, so the live extras' terms carry all of its gradient (up to float rounding of a ratio
+on the clip's edge, which the two forwards may put on different sides). One departure: a mini-batch whose
+every term is constant steps the optimizer with no gradient (AdamW leaves the weights alone) where the plain
+update steps it with a zero one (AdamW moves them by its momentum). The micro-batch losses
 sum to the mini-batch loss and the accumulated gradient equals the mini-batch gradient.
 
 Under torchrun (`ranks`, mrl_trainer.distributed) every rank runs this on the whole batch and plan but forwards
@@ -46,6 +54,7 @@ The model enters only through `logprobs(prompts, completions) -> (logp, mask)` (
 frozen reference): the trainer passes its transformers model's (logprobs.completion_logprobs), the
 bandit testbed (mrl lab bandit) its tiny policy's, so both run this one update.
 """
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +83,11 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
         current.append(i)
         longest = max(longest, n)
     return groups + ([current] if current else [])
+
+
+def _grouped(members: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """`members` (indices into `lengths`) in micro-batches of at most `budget` padded tokens."""
+    return [[members[j] for j in g] for g in micro_batches([lengths[i] for i in members], budget)]
 
 
 @dataclass
@@ -108,6 +122,7 @@ class _Work:
                                             # c × its own loss (losses.normaliser of the two totals)
     changed_from: list[int]                 # [mini-batch] → its first micro-batch of samples whose advantage
                                             # the plan changed (the ones before hold only unchanged samples)
+    budget: int                             # loss.micro_batch_tokens: the most padded tokens per micro-batch
 
     def has_peer_term(self) -> bool:
         """Whether the mode's update can differ from solo's: extras, changed advantages or normalisers."""
@@ -169,38 +184,41 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
     parts = [range(b * n_prompts // k, (b + 1) * n_prompts // k) for b in range(k)]
     own_lengths, peer_lengths = own.lengths(), peer.lengths()
     budget = loss_cfg.micro_batch_tokens
-
-    def grouped(members: list[int], lengths: list[int]) -> list[list[int]]:
-        return [[members[j] for j in g] for g in micro_batches([lengths[i] for i in members], budget)]
-
     own_parts = _split(list(range(len(active))), [flat_prompt[i] for i in active], parts)
     peer_parts = _split(list(range(len(extras))), [e.prompt_index for e in extras], parts)
     advantages, solo = plan.advantages[active], solo[active]
     own_groups, changed_from, scale, solo_totals = [], [], 1.0, None
     if sharing is None:
-        own_groups = [grouped(part, own_lengths) for part in own_parts]
+        own_groups = [_grouped(part, own_lengths, budget) for part in own_parts]
     else:
         solo_totals = sharing.own_totals(batch)
         scale = float(normaliser(sharing.aggregation, **plan.totals, max_tokens=1)        # Dr.GRPO's T_max cancels
                       / normaliser(sharing.aggregation, **solo_totals, max_tokens=1))
         unchanged = (advantages == solo).tolist() if advantages.dtype == solo.dtype else [False] * len(active)
         for part in own_parts:
-            kept = grouped([i for i in part if unchanged[i]], own_lengths)
-            own_groups.append(kept + grouped([i for i in part if not unchanged[i]], own_lengths))
+            kept = _grouped([i for i in part if unchanged[i]], own_lengths, budget)
+            own_groups.append(kept + _grouped([i for i in part if not unchanged[i]], own_lengths, budget))
             changed_from.append(len(kept))
     return _Work(len(flat), active, advantages, own, extras, peer, own_groups,
-                 [grouped(part, peer_lengths) for part in peer_parts],
+                 [_grouped(part, peer_lengths, budget) for part in peer_parts],
                  [n_prompts / max(len(part), 1) for part in parts],
-                 solo if sharing is not None else None, solo_totals, scale, changed_from)
+                 solo if sharing is not None else None, solo_totals, scale, changed_from, budget)
+
+
+def _finite(loss: torch.Tensor, step: int) -> float:
+    """The loss's value; a TrainerError when it is not finite."""
+    value = loss.item()
+    if not math.isfinite(value):
+        raise TrainerError(f"non-finite loss ({value}) at step {step}: no update was "
+                           f"applied; lower loss.lr or check the rewards and the model's dtype")
+    return value
 
 
 def _backward(loss: torch.Tensor, scale: float, step: int, retain_graph: bool = False) -> float:
     """Backward on scale × loss; the loss, or 0 for a loss of weight 0 (a rank's idle forward)."""
-    if not torch.isfinite(loss):
-        raise TrainerError(f"non-finite loss ({loss.item()}) at step {step}: no update was "
-                           f"applied; lower loss.lr or check the rewards and the model's dtype")
+    value = _finite(loss, step)
     (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-    return loss.item() if scale else 0.0
+    return value if scale else 0.0
 
 
 def _own_forward(logprobs: LogProbs, work: _Work, g: list[int], old, reference: LogProbs | None):
@@ -264,15 +282,38 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
             _take_scaled(solo, params, work.solo_scale)
         _add(solo, changed)
         clock.lap("solo")
-    for whole in work.extra_groups[b]:
+    terms = dict(m=m, max_tokens=max_tokens, step=step, scale=scale, ranks=ranks, clock=clock)
+    if not sharing.screens:
+        return loss_total + _extra_terms(logprobs, sharing, plan, work, work.extra_groups[b], **terms,
+                                         per_sequence=per_sequence)
+    live = []
+    with torch.no_grad():
+        loss_total += _extra_terms(logprobs, sharing, plan, work, work.extra_groups[b], **terms,
+                                   per_sequence=per_sequence, live=live)
+    live = sorted(set(ranks.gather(live)))
+    _extra_terms(logprobs, sharing, plan, work, _grouped(live, work.peer.lengths(), work.budget), **terms)
+    return loss_total
+
+
+def _extra_terms(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, groups: list[list[int]], *,
+                 m: int, max_tokens: int, step: int, scale: float, ranks: Ranks, clock: _Clock,
+                 per_sequence: dict | None = None, live: list | None = None) -> float:
+    """The extras' loss over micro-batches `groups` (indices into work.peer), backward on scale × each one when
+    autograd is on; the extras' per-sequence statistics into `per_sequence` and, with `live`, the indices of those
+    whose term has a gradient (sharing.live) into it, when given. Their loss (unscaled)."""
+    loss_total = 0.0
+    for whole in groups:
         g, weight = _dealt(whole, ranks, scale)
         logp, mask = logprobs(*work.peer.take(g))
-        loss, stats = sharing.extra_loss(logp, mask, [work.extras[i] for i in g], update=m, max_tokens=max_tokens,
+        extras = [work.extras[i] for i in g]
+        loss, stats = sharing.extra_loss(logp, mask, extras, update=m, max_tokens=max_tokens,
                                          totals=plan.extra_totals)
-        loss_total += _backward(loss, weight, step)
-        for name, values in stats.items():
-            if weight:
+        loss_total += _backward(loss, weight, step) if torch.is_grad_enabled() else _finite(loss, step) * bool(weight)
+        if weight and per_sequence is not None:
+            for name, values in stats.items():
                 per_sequence.setdefault(name, []).append(values.detach().cpu())
+        if weight and live is not None:
+            live += [i for i, keep in zip(g, sharing.live(logp, mask, extras, update=m).tolist()) if keep]
         clock.lap("extras")
     return loss_total
 

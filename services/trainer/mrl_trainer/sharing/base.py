@@ -182,6 +182,19 @@ class SharingMode:
                            eps_high=cfg.eps_high, level=cfg.level, aggregation=self.aggregation,
                            max_tokens=max_tokens, **totals)
 
+    @property
+    def screens(self) -> bool:
+        """Whether the update screens this mode's extras (`live`) before it forwards them with autograd: a mode
+        whose loss gives some extras no gradient (a clipped ratio) says so; the default, False, forwards each
+        extra once, with autograd."""
+        return False
+
+    def live(self, logp: Tensor, mask: Tensor, extras: list[Extra], *, update: int) -> Tensor:
+        """Which extras' loss terms have a gradient at these log-probs (bool (n,)); asked only when `screens`.
+        The update (mrl_trainer.update) forwards every extra once without autograd, which gives the loss's value
+        and the statistics, then with autograd only the live ones, which give all of its gradient."""
+        raise NotImplementedError(f"sharing mode {self.name!r} does not screen its extras")
+
     def extra_loss(self, logp: Tensor, mask: Tensor, extras: list[Extra], *, update: int, max_tokens: int,
                    totals: dict) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss term of a micro-batch of extras, and per-sequence statistics (name → (n,), detached).

@@ -27,7 +27,11 @@ stepwise clipping, no min():
     l     = −s̄ · sg[s̄]^α · ω^(j,k) · A
 
 Both terms are aggregated as GSPO does, seq-mean-token-mean (`aggregation`), with the pooled
-totals. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
+totals. Where s lies outside [1 − δ + m·δ_step, 1], s̄ is a constant and the peer sample has no gradient;
+between heterogeneous models that is nearly every one (s ≈ 0.006 and below between the demo's SmolLM2 and
+GPT-2). With `screen` (default) the update forwards the peer samples without autograd first and forwards
+with it only those inside the clip (`live`; mrl_trainer.update): the same update, without the others'
+backward and activations. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
 hacpo_clipped (share of s outside the bounds), hacpo_lower_bound (at the step's last update),
 hacpo_peer_capability (mean measured P̂^j), hacpo_capability_gap, peer_reward_disputed (peer claims
 k's verifier disagrees with).
@@ -58,6 +62,9 @@ class HACPOConfig(Section):
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
     aggregation: Aggregation = Field("seq-mean-token-mean", description="GSPO's (one term per sequence); "
                                                                         "token sums weight sequences by length.")
+    screen: bool = Field(True, description="Forward the peer samples first without autograd and only those "
+                                           "whose s lies within the clip with it: the same update, without the "
+                                           "backward of the clipped ones (false: every one forwarded with it).")
 
 
 def capability_ratio(p_k: float, p_j: float) -> float:
@@ -185,13 +192,30 @@ class HACPO(SharingMode):
                            eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH, level="sequence",
                            aggregation=self.aggregation, max_tokens=max_tokens, **totals)
 
+    @property
+    def screens(self) -> bool:
+        return self.sharing.hacpo.screen
+
+    def live(self, logp, mask, extras, *, update):
+        """lower ≤ s ≤ 1: the peer samples whose clipped ratio s̄ = clip(s, lower, 1) follows s, hence has a
+        gradient (torch.clamp passes it on the closed interval); s̄ is a constant elsewhere."""
+        lower = self._lower_bound(update)
+        ratio = torch.exp(cross_log_ratio(logp, mask, *self._tensors(logp, extras, "behaviour_logp", "chunks")))
+        return (ratio >= lower) & (ratio <= 1.0)
+
+    def _lower_bound(self, update: int) -> float:
+        return stepwise_lower_bound(self.sharing.hacpo.delta, self.sharing.hacpo.delta_step, update)
+
+    @staticmethod
+    def _tensors(logp: Tensor, extras, *fields: str) -> list[Tensor]:
+        """Each named field of the extras as a tensor (n,) of logp's dtype and device."""
+        return [torch.tensor([getattr(e, f) for e in extras], dtype=logp.dtype, device=logp.device) for f in fields]
+
     def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
         cfg = self.sharing.hacpo
-        lower = stepwise_lower_bound(cfg.delta, cfg.delta_step, update)
-        tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731
-        loss, ratio = peer_loss(logp, mask, tensor([e.behaviour_logp for e in extras]),
-                                tensor([e.chunks for e in extras]), tensor([e.advantage for e in extras]),
-                                tensor([e.weight for e in extras]),
+        lower = self._lower_bound(update)
+        loss, ratio = peer_loss(logp, mask, *self._tensors(logp, extras, "behaviour_logp", "chunks", "advantage",
+                                                           "weight"),
                                 lower=lower, alpha=cfg.alpha, aggregation=cfg.aggregation,
                                 max_tokens=max_tokens, **totals)
         return loss, {"ratio_mean": ratio, "clipped": ((ratio < lower) | (ratio > 1.0)).float(),
