@@ -663,3 +663,15 @@ def test_hacpo_forwards_its_clipped_peer_samples_without_gradient(tiny_trainer, 
     assert plain["hacpo_clipped"] == pytest.approx(4 / 6)
     assert plain_rows - screened_rows == 4                 # the four clipped extras: no forward with gradient
     assert free - plain_free == 6                          # every extra screened once without
+
+
+@pytest.mark.slow
+def test_bench_hacpo_quick_ends_with_one_json_line(tmp_path):
+    from helpers import run_quick_bench
+    result = run_quick_bench("hacpo", tmp_path, timeout_s=300)
+    assert set(result["workloads"]) == {"clipped", "inside"}
+    for workload, runs in result["workloads"].items():
+        for r in runs.values():       # the workload is what it says: every peer sample clipped, or none
+            assert r["clipped"] == (1.0 if workload == "clipped" else 0.0) and r["extras"] == 32 and r["update_s"] > 0
+        assert result["ratio_vs_plain"][workload] == pytest.approx(runs["screened"]["update_s"] / runs["plain"]["update_s"],
+                                                                   abs=1e-3)

@@ -22,8 +22,10 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
                 (a mode that `screens` — HACPO, whose clipped peer samples have no gradient — has its extras
-                forwarded first without autograd, for the loss's value and the statistics, then those that
-                sharing.live finds with a gradient forwarded again, with autograd, in micro-batches of their own)
+                forwarded without autograd before the own samples, for the loss's value and the statistics;
+                only those that sharing.live finds with a gradient are forwarded here, with autograd, in
+                micro-batches of their own. Before the own backward, since FSDP2 keeps its root module
+                unsharded after a forward until a backward: after the optimizer step it would be stale)
         guard:  grad ← guard.combine(g_m = grad, g_s, g_r)   (mrl_trainer.guard)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
@@ -256,10 +258,17 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
     same forward. Under several ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo
     FSDP's average, and adds its share."""
     groups, first_changed = work.own_groups[b], work.changed_from[b] if solo is not None else 0
+    terms = dict(m=m, max_tokens=max_tokens, step=step, scale=scale, ranks=ranks, clock=clock)
+    extra_groups, loss_total = work.extra_groups[b], 0.0
+    if sharing.screens:     # before the own backward: FSDP2 leaves its root unsharded after a forward without one
+        live = []
+        with torch.no_grad():
+            loss_total += _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms,
+                                       per_sequence=per_sequence, live=live)
+        extra_groups, per_sequence = _grouped(sorted(set(ranks.gather(live))), work.peer.lengths(), work.budget), None
     second = solo is not None and changed is None
     if second:
         changed = [None] * len(params)
-    loss_total = 0.0
     for j, whole in enumerate(groups):
         if solo is not None and j == first_changed:
             _take_scaled(solo, params, work.solo_scale)
@@ -282,17 +291,8 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
             _take_scaled(solo, params, work.solo_scale)
         _add(solo, changed)
         clock.lap("solo")
-    terms = dict(m=m, max_tokens=max_tokens, step=step, scale=scale, ranks=ranks, clock=clock)
-    if not sharing.screens:
-        return loss_total + _extra_terms(logprobs, sharing, plan, work, work.extra_groups[b], **terms,
-                                         per_sequence=per_sequence)
-    live = []
-    with torch.no_grad():
-        loss_total += _extra_terms(logprobs, sharing, plan, work, work.extra_groups[b], **terms,
-                                   per_sequence=per_sequence, live=live)
-    live = sorted(set(ranks.gather(live)))
-    _extra_terms(logprobs, sharing, plan, work, _grouped(live, work.peer.lengths(), work.budget), **terms)
-    return loss_total
+    extra_loss = _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms, per_sequence=per_sequence)
+    return loss_total + (0.0 if sharing.screens else extra_loss)
 
 
 def _extra_terms(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, groups: list[list[int]], *,
