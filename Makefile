@@ -44,6 +44,7 @@ bench: install tokenizers
 	$(BIN)/mrl bench scheduler
 	$(BIN)/mrl bench trainer
 	$(BIN)/mrl bench guard
+	$(BIN)/mrl bench hacpo
 
 up: install
 	$(BIN)/mrl up examples/local.yaml

@@ -31,7 +31,7 @@ totals. Where s lies outside [1 − δ + m·δ_step, 1], s̄ is a constant and t
 between heterogeneous models that is nearly every one (s ≈ 0.006 and below between the demo's SmolLM2 and
 GPT-2). With `screen` (default) the update forwards the peer samples without autograd first and forwards
 with it only those inside the clip (`live`; mrl_trainer.update): the same update, without the others'
-backward and activations. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
+backward. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
 hacpo_clipped (share of s outside the bounds), hacpo_lower_bound (at the step's last update),
 hacpo_peer_capability (mean measured P̂^j), hacpo_capability_gap, peer_reward_disputed (peer claims
 k's verifier disagrees with).
