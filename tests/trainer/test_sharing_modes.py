@@ -1,7 +1,8 @@
 """The sharing modes (mrl_trainer.sharing, docs/algorithms.md) on hand-made batches whose answer is known: the plan
 (advantages, extras, totals, stats) and the loss terms (value and gradient w.r.t. per-token log-probs) of none,
-XGRPO, SGT, PRP and HACPO; micro-batching of the extra terms; and, once, Trainer.update with a hand-made Plan on
-the tiny GPT-2-architecture policy of test_trainer_loop.py. Pure tensor tests apart from the last."""
+XGRPO, SGT, PRP and HACPO; micro-batching of the extra terms; HACPO's screening of its clipped peer samples (the
+same update, fewer sequences backed up); and, once, Trainer.update with a hand-made Plan on the tiny
+GPT-2-architecture policy of test_trainer_loop.py, and `mrl bench hacpo --quick`. Pure tensor tests apart from those."""
 import math
 import statistics
 
