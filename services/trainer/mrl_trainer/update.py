@@ -265,7 +265,7 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
         with torch.no_grad():
             loss_total += _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms,
                                        per_sequence=per_sequence, live=live)
-        extra_groups, per_sequence = _grouped(sorted(set(ranks.gather(live))), work.peer.lengths(), work.budget), None
+        extra_groups = _grouped(sorted(set(ranks.gather(live))), work.peer.lengths(), work.budget)
     second = solo is not None and changed is None
     if second:
         changed = [None] * len(params)
@@ -291,8 +291,10 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
             _take_scaled(solo, params, work.solo_scale)
         _add(solo, changed)
         clock.lap("solo")
-    extra_loss = _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms, per_sequence=per_sequence)
-    return loss_total + (0.0 if sharing.screens else extra_loss)
+    if sharing.screens:     # the live extras' gradient; their loss and statistics came from the screening pass
+        _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms)
+        return loss_total
+    return loss_total + _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms, per_sequence=per_sequence)
 
 
 def _extra_terms(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, groups: list[list[int]], *,
