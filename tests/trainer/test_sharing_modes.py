@@ -460,6 +460,21 @@ def test_hacpo_measures_a_peers_capability_and_ignores_its_claim():
     assert hacpo.measure_capabilities([[]]) == {}                                  # j sent nothing this step
 
 
+@pytest.mark.parametrize("name", ["prp", "hacpo"])
+def test_peer_pool_uniform_groups_pooled_pushes_an_all_failed_group_down_and_zero_leaves_it(name):
+    """Own group 0 all failed while the peer succeeded on it; own group 1 has a spread. Under 'zero' group 0 keeps
+    GRPO's A = 0 and the peer's samples keep their pooled advantages."""
+    batch = make_batch([[0, 0, 0, 0], [0, 1, 1, 0]])
+    peers = PeerBatch(rollouts={0: [peer(0, 3, 1.0), peer(0, 2, 0.0)], 1: [peer(1, 2, 1.0)]})
+    pooled = plan_of(mode(name), batch, peers, capability=0.5)
+    assert bool((pooled.advantages[:4] < 0).all()) and pooled.stats[f"{name}_uniform"] == 1
+    zero = plan_of(mode(name, **{name: {"uniform_groups": "zero"}}), batch, peers, capability=0.5)
+    assert torch.equal(zero.advantages[:4], torch.zeros(4)) and zero.stats[f"{name}_uniform"] == 1
+    assert torch.equal(zero.advantages[4:], pooled.advantages[4:])        # a group with a spread: as pooled
+    assert [e.advantage for e in zero.extras] == [e.advantage for e in pooled.extras] != []
+    assert plan_of(mode(name), batch, PeerBatch()).stats[f"{name}_uniform"] == 0    # no pool: GRPO's zeros
+
+
 def test_hacpo_extra_loss_applies_omega_jk():
     batch, peers = _hacpo_case()
     hacpo = mode("hacpo", LossConfig(aggregation="seq-mean-token-mean"))

@@ -12,7 +12,7 @@ The base class is solo GRPO/GSPO ("none"): own advantages within the own group, 
 Every normaliser in a Plan is a whole-update total, so micro-batching leaves the gradient exact.
 """
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel
@@ -23,7 +23,13 @@ from mrl_trainer.guard import Guard
 from mrl_trainer.losses import group_advantages, policy_loss
 
 __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
-           "cross_log_ratio", "solo_advantages", "PEER_STATS"]
+           "cross_log_ratio", "solo_advantages", "PEER_STATS", "UniformGroups", "UNIFORM_GROUPS_HELP",
+           "moved_uniform_group"]
+
+UniformGroups = Literal["pooled", "zero"]   # an own group of equal rewards under a pooled baseline: scored or left at 0
+UNIFORM_GROUPS_HELP = ("An own group whose rewards are all equal while the pool's differ: 'pooled' scores it against "
+                       "the pooled baseline (the paper: all failed → every sample pushed down); 'zero' keeps A = 0 "
+                       "as GRPO does.")
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ def pooled_peers(peers: PeerBatch, prompt_index: int, per_prompt: int, verify: V
     """The peer rollouts of one prompt that join its group (PRP, HACPO): non-empty, at most `per_prompt`,
     re-scored by this policy's verifier; and how many claimed rewards that changed."""
     return rescored([s for s in peers.rollouts.get(prompt_index, []) if s.ids][:per_prompt], verify)
+
+
+def moved_uniform_group(group: list[float], advantages: Tensor) -> bool:
+    """Whether an own group whose rewards are all equal got a non-zero advantage from a pooled baseline (its
+    samples all pushed one way: all failed and a peer succeeded → down, with no direction toward anything)."""
+    return len(set(group)) == 1 and bool((advantages != 0).any())
 
 
 def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor) -> Tensor:

@@ -17,7 +17,10 @@ each peer rollout re-scored by k's own verifier: a peer's claimed reward is neve
     μ̂ = (1/n) Σ_j Σ_i ω^(k,j) R(y_i^j),   σ = std of the n rewards (n − 1),   A = (R − μ̂) / (σ + ε)
 
 for own and peer samples alike. Safeguards: all n rewards equal → A = 0; μ̂ > 1 → μ̂ = k's own
-group mean. Own samples take the GSPO loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
+group mean. An own group whose G rewards are all equal while the pool's differ gets one advantage for all its
+samples (all failed and a peer succeeded → every own sample pushed down, with no direction toward anything;
+all succeeded beside a failing peer → all pushed up). `uniform_groups` chooses: `pooled` scores them against μ̂
+(the paper), `zero` keeps their A = 0 as GRPO does (the peer samples keep theirs). Own samples take the GSPO loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
 A peer sample y^j (k's tokens, THL-retokenized) takes exponential importance sampling with
 stepwise clipping, no min():
 
@@ -34,7 +37,8 @@ with it only those inside the clip (`live`; mrl_trainer.update): the same update
 backward. Stats: hacpo_omega_mean (mean ω^(j,k) over peer samples), hacpo_ratio_mean (s),
 hacpo_clipped (share of s outside the bounds), hacpo_lower_bound (at the step's last update),
 hacpo_peer_capability (mean measured P̂^j), hacpo_capability_gap, peer_reward_disputed (peer claims
-k's verifier disagrees with).
+k's verifier disagrees with), hacpo_uniform (own groups of equal rewards the pool moved: pushed one way under
+`pooled`, zeroed under `zero`).
 """
 from collections import deque
 
@@ -46,8 +50,9 @@ from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_loss
 from mrl_trainer.losses import Aggregation
 from mrl_trainer.section import Section
-from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, PeerSample, Plan, SharingMode, Verifier,
-                                      cross_log_ratio, pooled_peers, solo_advantages)
+from mrl_trainer.sharing.base import (PEER_STATS, UNIFORM_GROUPS_HELP, Extra, PeerBatch, PeerSample, Plan,
+                                      SharingMode, UniformGroups, Verifier, cross_log_ratio, moved_uniform_group,
+                                      pooled_peers, solo_advantages)
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -62,6 +67,7 @@ class HACPOConfig(Section):
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
     aggregation: Aggregation = Field("seq-mean-token-mean", description="GSPO's (one term per sequence); "
                                                                         "token sums weight sequences by length.")
+    uniform_groups: UniformGroups = Field("pooled", description=UNIFORM_GROUPS_HELP)
     screen: bool = Field(True, description="Forward the peer samples first without autograd and only those "
                                            "whose s lies within the clip with it: the same update, without the "
                                            "backward of the clipped ones (false: every one forwarded with it).")
@@ -113,7 +119,8 @@ class HACPO(SharingMode):
     stats = {**PEER_STATS, "hacpo_ratio_mean": "HACPO mean ratio", "hacpo_clipped": "HACPO fraction clipped",
              "hacpo_omega_mean": "HACPO mean ω", "hacpo_lower_bound": "HACPO lower bound",
              "hacpo_peer_capability": "HACPO measured peer capability P̂^j",
-             "hacpo_capability_gap": "HACPO |claimed − measured| peer capability"}
+             "hacpo_capability_gap": "HACPO |claimed − measured| peer capability",
+             "hacpo_uniform": "HACPO own groups of equal rewards moved by the pool"}
     figures = {"ratios": ("hacpo_ratio_mean", "hacpo_clipped", "hacpo_omega_mean", "hacpo_lower_bound"),
                "exchange": ("peer_samples",)}
 
@@ -144,7 +151,7 @@ class HACPO(SharingMode):
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         cfg = self.sharing.hacpo
         own_advantages, extras, omega_used = [], [], []
-        n_peer = peer_tokens = disputed = 0
+        n_peer = peer_tokens = disputed = uniform = 0
         pooled = []
         for p in range(len(batch.rewards)):
             samples, differ = pooled_peers(peers, p, cfg.per_prompt, verify)
@@ -161,7 +168,12 @@ class HACPO(SharingMode):
                 torch.tensor([*group, *(s.reward for s in pooled[p])], dtype=torch.float64),
                 torch.tensor([1.0] * len(group) + omega_kj, dtype=torch.float64),
                 torch.tensor([True] * len(group) + [False] * len(pooled[p])), scale=self.loss.scale_rewards)
-            own_advantages += advantages[:len(group)].tolist()
+            own = advantages[:len(group)]
+            if moved_uniform_group(group, own):
+                uniform += 1
+                if cfg.uniform_groups == "zero":
+                    own = torch.zeros_like(own)
+            own_advantages += own.tolist()
             for s, a in zip(pooled[p], advantages[len(group):].tolist()):
                 n_peer, peer_tokens = n_peer + 1, peer_tokens + len(s.ids)
                 omega_jk = capability_ratio(measured[s.producer], capability)
@@ -171,7 +183,7 @@ class HACPO(SharingMode):
                                         chunks=s.chunks, weight=omega_jk))
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + n_peer, num_tokens=totals["num_tokens"] + peer_tokens)
-        stats = {"peer_samples": n_peer, "peer_reward_disputed": disputed}
+        stats = {"peer_samples": n_peer, "peer_reward_disputed": disputed, "hacpo_uniform": uniform}
         if omega_used:
             stats["hacpo_omega_mean"] = sum(omega_used) / len(omega_used)
         if measured:

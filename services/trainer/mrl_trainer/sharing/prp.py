@@ -18,7 +18,10 @@ stopped-gradient weight (a truncated importance-sampled policy gradient):
     l_t   = −sg[ρ̄] · A · log π_θ^k(y_t)                                          on k's tokens of y
 
 Both parts are aggregated like the trainer's loss with the pooled totals (own + peer sequences
-and tokens), so a peer trajectory counts as one more member of the group. PRP pays density-ratio
+and tokens), so a peer trajectory counts as one more member of the group. An own group whose rewards
+are all equal while the pool's differ gets one advantage for all its samples (all failed and a peer
+succeeded → all pushed down); `uniform_groups` chooses `pooled` (the paper) or `zero` (GRPO's A = 0 for
+them; the peer samples keep theirs), counted in prp_uniform. PRP pays density-ratio
 variance and the THL residual; both are logged: prp_rho_mean, prp_log_rho_var, prp_truncated
 (share with ρ > c), and the trainer's thl_* residual statistics.
 """
@@ -29,8 +32,8 @@ from torch import Tensor
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import aggregate, group_advantages
 from mrl_trainer.section import Section
-from mrl_trainer.sharing.base import (PEER_STATS, Extra, PeerBatch, Plan, SharingMode, Verifier, cross_log_ratio,
-                                      pooled_peers)
+from mrl_trainer.sharing.base import (PEER_STATS, UNIFORM_GROUPS_HELP, Extra, PeerBatch, Plan, SharingMode,
+                                      UniformGroups, Verifier, cross_log_ratio, moved_uniform_group, pooled_peers)
 
 __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
@@ -38,6 +41,7 @@ __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 class PRPConfig(Section):
     c: float = Field(1.0, gt=0, description="Truncation of the peer density ratio: ρ̄ = min(ρ, c).")
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
+    uniform_groups: UniformGroups = Field("pooled", description=UNIFORM_GROUPS_HELP)
 
 
 def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor,
@@ -62,7 +66,8 @@ class PRP(SharingMode):
     kinds = ("rollout",)
     Config = PRPConfig
     stats = {**PEER_STATS, "prp_rho_mean": "PRP mean ρ", "prp_log_rho_var": "PRP var log ρ",
-             "prp_truncated": "PRP fraction truncated at c"}
+             "prp_truncated": "PRP fraction truncated at c",
+             "prp_uniform": "PRP own groups of equal rewards moved by the pool"}
     figures = {"ratios": ("prp_rho_mean", "prp_log_rho_var", "prp_truncated"), "exchange": ("peer_samples",)}
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
@@ -77,14 +82,20 @@ class PRP(SharingMode):
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(groups),
                                       scale=self.loss.scale_rewards)
         own = torch.tensor([m is None for m in members])
+        own_advantages, uniform = advantages[own], 0
+        for group, part in zip(batch.rewards, own_advantages.split([len(g) for g in batch.rewards])):
+            if moved_uniform_group(group, part):
+                uniform += 1
+                if self.sharing.prp.uniform_groups == "zero":
+                    part.zero_()
         peer = [(m, a) for m, a in zip(members, advantages.tolist()) if m is not None]
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + len(peer),
                       num_tokens=totals["num_tokens"] + sum(len(m.ids) for m, _ in peer))
         extras = [Extra(prompt_index=m.prompt_index, ids=m.ids, advantage=a, behaviour_logp=m.behaviour_logp,
                         chunks=m.chunks) for m, a in peer if a != 0.0]   # a zero-advantage peer adds exactly nothing
-        return Plan(advantages[own], extras=extras, totals=totals, extra_totals=totals,
-                    stats={"peer_samples": len(peer), "peer_reward_disputed": disputed})
+        return Plan(own_advantages, extras=extras, totals=totals, extra_totals=totals,
+                    stats={"peer_samples": len(peer), "peer_reward_disputed": disputed, "prp_uniform": uniform})
 
     def extra_loss(self, logp, mask, extras, *, update, max_tokens, totals):
         tensor = lambda values: torch.tensor(values, dtype=logp.dtype, device=logp.device)  # noqa: E731

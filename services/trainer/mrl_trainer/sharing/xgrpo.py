@@ -21,24 +21,20 @@ down, away from everything k sampled, with no direction toward anything. `unifor
 Stats: xgrpo_pooled = mean pool size per prompt; xgrpo_uniform = own groups with equal rewards whose
 pooled advantage is not 0 (pushed all one way under "pooled", zeroed under "zero").
 """
-from typing import Literal
-
 import torch
 from pydantic import Field
 
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages
 from mrl_trainer.section import Section
-from mrl_trainer.sharing.base import PeerBatch, Plan, SharingMode, Verifier
+from mrl_trainer.sharing.base import (UNIFORM_GROUPS_HELP, PeerBatch, Plan, SharingMode, UniformGroups, Verifier,
+                                      moved_uniform_group)
 
 __all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
 
 
 class XGRPOConfig(Section):
-    uniform_groups: Literal["pooled", "zero"] = Field(
-        "pooled", description="An own group whose rewards are all equal: 'pooled' scores it against the pooled "
-                              "baseline (the paper: all failed → every sample pushed down); 'zero' keeps A = 0 "
-                              "as GRPO does.")
+    uniform_groups: UniformGroups = Field("pooled", description=UNIFORM_GROUPS_HELP)
 
 
 def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scale: bool,
@@ -56,7 +52,7 @@ def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scal
     uniform, start = 0, 0
     for group in own:
         part = advantages[start:start + len(group)]
-        if len(set(group)) == 1 and bool((part != 0).any()):
+        if moved_uniform_group(group, part):
             uniform += 1
             if uniform_groups == "zero":
                 part.zero_()
