@@ -64,7 +64,7 @@ def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pa
     path = base / spec["config"]
     if not path.is_file():
         raise LauncherError(f"trainer config {str(path)!r} does not exist")
-    policy = str(read_settings(path).get("policy", path.stem))
+    policy = _policy_of(spec, path)
     overrides = {"run_id": run_id, "checkpoint.dir": str(data_dir / policy / "checkpoints"),
                  "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False}
     address = lambda name: f"127.0.0.1:{running[name].ready['grpc_port']}"  # noqa: E731
@@ -94,6 +94,24 @@ def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
     return (base / config.get("data_dir", ".mrl/local")).resolve()
 
 
+def _policy_of(spec: dict, path: pathlib.Path) -> str:
+    """The policy a trainers entry runs: its `set: {policy: …}`, else its config's `policy`, else the file's stem."""
+    chosen = spec.get("set") or {}
+    return str(isinstance(chosen, dict) and chosen.get("policy") or read_settings(path).get("policy", path.stem))
+
+
+def _refuse_repeated_policies(specs: list, base: pathlib.Path) -> None:
+    """Each policy once: two entries of one policy would share its checkpoints and metrics folder."""
+    seen = set()
+    for spec in specs:
+        if isinstance(spec, dict) and "config" in spec and (base / spec["config"]).is_file():
+            policy = _policy_of(spec, base / spec["config"])
+            if policy in seen:
+                raise LauncherError(f"policy {policy!r} is run by two trainers entries; give each its own "
+                                    f"(set: {{policy: …}}), as they would share data_dir/{policy}/")
+            seen.add(policy)
+
+
 def validate_trainers(config: dict, base: pathlib.Path, overrides: dict | None = None) -> dict[str, pathlib.Path]:
     """Validate each trainer of a topology as run_topology would start it (its file, its `set`, then `overrides`;
     the service addresses are the file's own, run_topology's are known only once the services run), before
@@ -101,6 +119,7 @@ def validate_trainers(config: dict, base: pathlib.Path, overrides: dict | None =
     from mrl_trainer.config import load_config
     from mrl_trainer.errors import TrainerError
     metrics = {}
+    _refuse_repeated_policies(config.get("trainers") or [], base)
     for spec in config.get("trainers") or []:
         path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir_of(config, base), {})
         try:
@@ -134,6 +153,7 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
     valid = {"redis_url", "data_dir", "run_id", "trainers", "report", *services}
     if set(config) - valid:
         raise LauncherError(f"unknown topology keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
+    _refuse_repeated_policies(config.get("trainers") or [], base)
     data_dir = data_dir_of(config, base)
     results: dict = {}
     with contextlib.ExitStack() as stack:

@@ -165,3 +165,23 @@ def test_plot_of_a_file_that_is_not_metrics_is_a_clear_error(tmp_path):
     path.write_text("root:x:0:0\n")
     with pytest.raises(LauncherError, match="is not a trainer metrics file"):
         plot_curves([str(path)], str(tmp_path / "x.png"))
+
+
+def test_a_policy_set_in_a_trainers_entry_names_its_data_and_a_repeated_policy_is_refused(tmp_path):
+    """One trainer config run as several policies (`set: {policy: …}`) writes each under its own policy's folder;
+    two entries of one policy would write into one folder and are refused before anything starts."""
+    from helpers import tiny_config
+    from mrl_launcher import topology
+    from mrl_launcher.errors import LauncherError
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    config = {"data_dir": str(tmp_path / "d"),
+              "trainers": [{"config": "tiny.yaml"}, {"config": "tiny.yaml", "set": {"policy": "tiny-2"}}]}
+    metrics = topology.validate_trainers(config, tmp_path)
+    assert metrics == {p: tmp_path / "d" / p / "metrics.jsonl" for p in ("tiny", "tiny-2")}
+    config["trainers"][1]["set"]["policy"] = "tiny"
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(config))
+    for command in (lambda: topology.validate_trainers(config, tmp_path), lambda: topology.up(str(path))):
+        with pytest.raises(LauncherError, match="policy 'tiny' is run by two trainers entries"):
+            command()
+    assert not (tmp_path / "d").exists()
