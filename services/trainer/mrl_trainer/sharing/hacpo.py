@@ -20,7 +20,8 @@ for own and peer samples alike. Safeguards: all n rewards equal → A = 0; μ̂ 
 group mean. An own group whose G rewards are all equal while the pool's differ gets one advantage for all its
 samples (all failed and a peer succeeded → every own sample pushed down, with no direction toward anything;
 all succeeded beside a failing peer → all pushed up). `uniform_groups` chooses: `pooled` scores them against μ̂
-(the paper), `zero` keeps their A = 0 as GRPO does (the peer samples keep theirs). Own samples take the GSPO loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
+(the paper), `zero` keeps their A = 0 as GRPO does (the peer samples keep theirs). Own samples take the GSPO
+loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
 A peer sample y^j (k's tokens, THL-retokenized) takes exponential importance sampling with
 stepwise clipping, no min():
 
