@@ -24,7 +24,7 @@ from mrl_trainer.losses import group_advantages, policy_loss
 
 __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
            "cross_log_ratio", "solo_advantages", "PEER_STATS", "UniformGroups", "UNIFORM_GROUPS_HELP",
-           "moved_uniform_group"]
+           "settle_uniform_groups"]
 
 UniformGroups = Literal["pooled", "zero"]   # an own group of equal rewards under a pooled baseline: scored or left at 0
 UNIFORM_GROUPS_HELP = ("An own group whose rewards are all equal while the pool's differ: 'pooled' scores it against "
@@ -97,10 +97,17 @@ def pooled_peers(peers: PeerBatch, prompt_index: int, per_prompt: int, verify: V
     return rescored([s for s in peers.rollouts.get(prompt_index, []) if s.ids][:per_prompt], verify)
 
 
-def moved_uniform_group(group: list[float], advantages: Tensor) -> bool:
-    """Whether an own group whose rewards are all equal got a non-zero advantage from a pooled baseline (its
-    samples all pushed one way: all failed and a peer succeeded → down, with no direction toward anything)."""
-    return len(set(group)) == 1 and bool((advantages != 0).any())
+def settle_uniform_groups(rewards: list[list[float]], advantages: Tensor, uniform_groups: str) -> int:
+    """The own groups whose rewards are all equal but whose pooled advantages are not 0 (every sample pushed one
+    way: all failed and a peer succeeded → down, with no direction toward anything); under `zero` their
+    advantages (flat (N,), group after group, changed in place) are set to GRPO's 0. Returns how many."""
+    moved = 0
+    for group, part in zip(rewards, advantages.split([len(g) for g in rewards])):
+        if len(set(group)) == 1 and bool((part != 0).any()):
+            moved += 1
+            if uniform_groups == "zero":
+                part.zero_()
+    return moved
 
 
 def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor) -> Tensor:

@@ -52,8 +52,8 @@ from mrl_trainer.losses import GSPO_EPS_HIGH, GSPO_EPS_LOW, aggregate, policy_lo
 from mrl_trainer.losses import Aggregation
 from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import (PEER_STATS, UNIFORM_GROUPS_HELP, Extra, PeerBatch, PeerSample, Plan,
-                                      SharingMode, UniformGroups, Verifier, cross_log_ratio, moved_uniform_group,
-                                      pooled_peers, solo_advantages)
+                                      SharingMode, UniformGroups, Verifier, cross_log_ratio, pooled_peers,
+                                      settle_uniform_groups, solo_advantages)
 
 __all__ = ["HACPO", "HACPOConfig", "capability_ratio", "mixed_advantages", "stepwise_lower_bound", "peer_loss"]
 
@@ -152,7 +152,7 @@ class HACPO(SharingMode):
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         cfg = self.sharing.hacpo
         own_advantages, extras, omega_used = [], [], []
-        n_peer = peer_tokens = disputed = uniform = 0
+        n_peer = peer_tokens = disputed = 0
         pooled = []
         for p in range(len(batch.rewards)):
             samples, differ = pooled_peers(peers, p, cfg.per_prompt, verify)
@@ -169,12 +169,7 @@ class HACPO(SharingMode):
                 torch.tensor([*group, *(s.reward for s in pooled[p])], dtype=torch.float64),
                 torch.tensor([1.0] * len(group) + omega_kj, dtype=torch.float64),
                 torch.tensor([True] * len(group) + [False] * len(pooled[p])), scale=self.loss.scale_rewards)
-            own = advantages[:len(group)]
-            if moved_uniform_group(group, own):
-                uniform += 1
-                if cfg.uniform_groups == "zero":
-                    own = torch.zeros_like(own)
-            own_advantages += own.tolist()
+            own_advantages += advantages[:len(group)].tolist()
             for s, a in zip(pooled[p], advantages[len(group):].tolist()):
                 n_peer, peer_tokens = n_peer + 1, peer_tokens + len(s.ids)
                 omega_jk = capability_ratio(measured[s.producer], capability)
@@ -182,6 +177,8 @@ class HACPO(SharingMode):
                 if a != 0.0:
                     extras.append(Extra(prompt_index=p, ids=s.ids, advantage=a, behaviour_logp=s.behaviour_logp,
                                         chunks=s.chunks, weight=omega_jk))
+        own_advantages = torch.tensor(own_advantages, dtype=torch.float32)
+        uniform = settle_uniform_groups(batch.rewards, own_advantages, cfg.uniform_groups)
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + n_peer, num_tokens=totals["num_tokens"] + peer_tokens)
         stats = {"peer_samples": n_peer, "peer_reward_disputed": disputed, "hacpo_uniform": uniform}
@@ -192,7 +189,7 @@ class HACPO(SharingMode):
         gaps = [abs(peers.capability[j] - value) for j, value in measured.items() if j in peers.capability]
         if gaps:
             stats["hacpo_capability_gap"] = sum(gaps) / len(gaps)
-        return Plan(torch.tensor(own_advantages, dtype=torch.float32), extras=extras, totals=totals,
+        return Plan(own_advantages, extras=extras, totals=totals,
                     extra_totals=totals, stats=stats)
 
     @property

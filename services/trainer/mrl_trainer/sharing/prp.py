@@ -33,7 +33,7 @@ from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import aggregate, group_advantages
 from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import (PEER_STATS, UNIFORM_GROUPS_HELP, Extra, PeerBatch, Plan, SharingMode,
-                                      UniformGroups, Verifier, cross_log_ratio, moved_uniform_group, pooled_peers)
+                                      UniformGroups, Verifier, cross_log_ratio, pooled_peers, settle_uniform_groups)
 
 __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 
@@ -82,12 +82,8 @@ class PRP(SharingMode):
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(groups),
                                       scale=self.loss.scale_rewards)
         own = torch.tensor([m is None for m in members])
-        own_advantages, uniform = advantages[own], 0
-        for group, part in zip(batch.rewards, own_advantages.split([len(g) for g in batch.rewards])):
-            if moved_uniform_group(group, part):
-                uniform += 1
-                if self.sharing.prp.uniform_groups == "zero":
-                    part.zero_()
+        own_advantages = advantages[own]
+        uniform = settle_uniform_groups(batch.rewards, own_advantages, self.sharing.prp.uniform_groups)
         peer = [(m, a) for m, a in zip(members, advantages.tolist()) if m is not None]
         totals = self.own_totals(batch)
         totals = dict(num_sequences=totals["num_sequences"] + len(peer),

@@ -28,7 +28,7 @@ from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import group_advantages
 from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import (UNIFORM_GROUPS_HELP, PeerBatch, Plan, SharingMode, UniformGroups, Verifier,
-                                      moved_uniform_group)
+                                      settle_uniform_groups)
 
 __all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
 
@@ -49,15 +49,7 @@ def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scal
         is_own += [True] * len(group) + [False] * (len(pool) - len(group))
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(groups), scale=scale)
     advantages = advantages[torch.tensor(is_own)]
-    uniform, start = 0, 0
-    for group in own:
-        part = advantages[start:start + len(group)]
-        if moved_uniform_group(group, part):
-            uniform += 1
-            if uniform_groups == "zero":
-                part.zero_()
-        start += len(group)
-    return advantages, uniform
+    return advantages, settle_uniform_groups(own, advantages, uniform_groups)
 
 
 class XGRPO(SharingMode):
