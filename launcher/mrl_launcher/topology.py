@@ -55,16 +55,7 @@ TRAINER_STOP_GRACE_S = 600   # a trainer asked to stop finishes its step and che
 def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pathlib.Path,
                        running: dict) -> tuple[str, str, dict]:
     """(config path, policy, --set overrides) of one `trainers:` entry, pointed at the running services."""
-    if not isinstance(spec, dict) or "config" not in spec or set(spec) - {"config", "set", "ranks"}:
-        raise LauncherError(f"each trainers entry needs `config` (a trainer YAML) and optional `set` and `ranks`; "
-                            f"got {spec!r}")
-    ranks = spec.get("ranks", 1)
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise LauncherError(f"trainers entry {spec['config']!r}: ranks must be a whole number >= 1, got {ranks!r}")
-    path = base / spec["config"]
-    if not path.is_file():
-        raise LauncherError(f"trainer config {str(path)!r} does not exist")
-    policy = _policy_of(spec, path)
+    path, policy = _entry(spec, base)
     overrides = {"run_id": run_id, "checkpoint.dir": str(data_dir / policy / "checkpoints"),
                  "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False}
     address = lambda name: f"127.0.0.1:{running[name].ready['grpc_port']}"  # noqa: E731
@@ -94,22 +85,32 @@ def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
     return (base / config.get("data_dir", ".mrl/local")).resolve()
 
 
-def _policy_of(spec: dict, path: pathlib.Path) -> str:
-    """The policy a trainers entry runs: its `set: {policy: …}`, else its config's `policy`, else the file's stem."""
+def _entry(spec, base: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """(config path, policy) of one `trainers:` entry, checked; the policy is its `set: {policy: …}`, else its
+    config's `policy`, else the file's stem."""
+    if not isinstance(spec, dict) or "config" not in spec or set(spec) - {"config", "set", "ranks"}:
+        raise LauncherError(f"each trainers entry needs `config` (a trainer YAML) and optional `set` and `ranks`; "
+                            f"got {spec!r}")
+    ranks = spec.get("ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise LauncherError(f"trainers entry {spec['config']!r}: ranks must be a whole number >= 1, got {ranks!r}")
+    path = base / spec["config"]
+    if not path.is_file():
+        raise LauncherError(f"trainer config {str(path)!r} does not exist")
     chosen = spec.get("set") or {}
-    return str(isinstance(chosen, dict) and chosen.get("policy") or read_settings(path).get("policy", path.stem))
+    return path, str(isinstance(chosen, dict) and chosen.get("policy") or read_settings(path).get("policy", path.stem))
 
 
 def _refuse_repeated_policies(specs: list, base: pathlib.Path) -> None:
-    """Each policy once: two entries of one policy would share its checkpoints and metrics folder."""
+    """Every entry checked, and each policy once: two entries of one policy would share its checkpoints and
+    metrics folder."""
     seen = set()
     for spec in specs:
-        if isinstance(spec, dict) and "config" in spec and (base / spec["config"]).is_file():
-            policy = _policy_of(spec, base / spec["config"])
-            if policy in seen:
-                raise LauncherError(f"policy {policy!r} is run by two trainers entries; give each its own "
-                                    f"(set: {{policy: …}}), as they would share data_dir/{policy}/")
-            seen.add(policy)
+        _, policy = _entry(spec, base)
+        if policy in seen:
+            raise LauncherError(f"policy {policy!r} is run by two trainers entries; give each its own "
+                                f"(set: {{policy: …}}), as they would share data_dir/{policy}/")
+        seen.add(policy)
 
 
 def validate_trainers(config: dict, base: pathlib.Path, overrides: dict | None = None) -> dict[str, pathlib.Path]:
