@@ -11,6 +11,8 @@ prompts that SmolLM2 answers correctly by greedy decoding, with a correct respon
     own    SmolLM2's own greedy response (its form, ending with its own end of turn)
     peer   the form the demo's GPT-2 policy answers in, "Answer: N" and GPT-2's <|endoftext|>, retokenized
            by THL's core in process, as SGT receives it from that peer
+    peer-end  the peer's form, but ending with the receiver's own end of turn (its EOS) in place of the
+           <|endoftext|> THL maps GPT-2's end to
     hinted the peer's response rewritten by the receiver: SmolLM2 samples `--hint-samples` responses (T = 1)
            to the prompt with the peer's response shown as a hint, and the first its verifier accepts is
            trained on, as a response to the prompt without the hint (STaR's rationalization, Zelikman et
@@ -105,6 +107,8 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
             successes = {}
             for i, (p, s) in enumerate(chosen):
                 ids, text = (s.ids, s.text) if form == "own" else peer_form(p, smollm2)
+                if form == "peer-end":
+                    ids = [*ids[:-1], trainer.tokenizer.eos_token_id]
                 if form == "hinted":
                     ids, text = rewrite(trainer, p, text, args.hint_samples, seed=args.seed * 1000 + k)
                 if ids:
@@ -117,7 +121,7 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
                 print(form, "nothing rescued", flush=True)
                 continue
             rows.append({"update": k + 1, "rescued": plan.stats.get("sgt_rescued"),
-                         "grad_norm": stats.get("grad_norm"), **evaluate(trainer)})
+                         "grad_norm": stats.get("grad_norm"), "nll": stats.get("sgt_nll"), **evaluate(trainer)})
             print(form, rows[-1], flush=True)
         trainer.close()
         return rows
@@ -130,7 +134,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=64, help="train problems to find greedily solved ones in")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hint-samples", type=int, default=8, help="hinted arm: samples per rescued prompt")
-    parser.add_argument("--arms", default="own,peer,hinted", help="comma-separated, among own, peer, hinted")
+    parser.add_argument("--arms", default="own,peer,hinted", help="comma-separated, among own, peer, peer-end, hinted")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}

@@ -365,11 +365,18 @@ class Retokenizer:
     """Peers' token ids → this policy's, through THL (`mrl.align_client.AlignClient`); identity for the same tokenizer.
 
     `missing_thl` ends the error raised when a peer uses another tokenizer and no THL client was given: how to
-    give one in the caller's terms (the mrl trainer: its `sharing.align.target`)."""
+    give one in the caller's terms (the mrl trainer: its `sharing.align.target`).
+
+    `end_id`: the token this policy ends its own responses with (its EOS). THL maps a peer's final end of
+    sequence to a special of the same name when this tokenizer has one (GPT-2's <|endoftext|> to SmolLM2's
+    <|endoftext|>), which need not be the end this policy writes (SmolLM2's <|im_end|>); with `end_id` such a
+    mapped end becomes `end_id`, so that a peer's response ends as this policy's own would. A response THL
+    found cut before its end keeps no end, and one in this policy's own tokenizer stays as the peer wrote it."""
 
     def __init__(self, tokenizer_id: str, align_client=None,
-                 missing_thl: str = "pass an mrl.AlignClient of a THL service (mrl align serve) to retokenize them"):
-        self.tokenizer_id, self.client, self.missing_thl = tokenizer_id, align_client, missing_thl
+                 missing_thl: str = "pass an mrl.AlignClient of a THL service (mrl align serve) to retokenize them",
+                 end_id: int | None = None):
+        self.tokenizer_id, self.client, self.missing_thl, self.end_id = tokenizer_id, align_client, missing_thl, end_id
 
     def __call__(self, items: list[tuple[str, list[int]]]) -> tuple[list[list[int]], list[int], dict[str, float]]:
         """[(source tokenizer id, ids)] → ([own ids], [chunks C(y)], THL residual stats over the ones that needed
@@ -389,7 +396,9 @@ class Retokenizer:
         except MrlError as exc:
             raise type(exc)(f"THL could not retokenize the peers' responses: {exc}") from exc
         for i, a in zip(todo, aligned):
-            out[i], chunks[i] = a.target_ids, a.residual.chunks
+            out[i], chunks[i] = list(a.target_ids), a.residual.chunks
+            if self.end_id is not None and a.residual.mapped_specials and out[i]:
+                out[i][-1] = self.end_id
         n = len(aligned)
         return out, chunks, {"thl_one_to_one": sum(a.residual.one_to_one_share for a in aligned) / n,
                              "thl_lossless": sum(a.lossless for a in aligned) / n,

@@ -154,3 +154,24 @@ def test_docs_describe_every_mode():
     text = page.read_text(encoding="utf-8").lower()
     missing = [name for name in NAMES if name not in text]
     assert not missing, f"docs/algorithms.md does not mention {missing}"
+
+
+def test_a_peer_response_that_thl_ends_with_a_mapped_end_of_sequence_ends_with_this_policys_own():
+    """GPT-2's <|endoftext|> becomes SmolLM2's token of the same name, one SmolLM2 also stops at, but not the
+    <|im_end|> its own answers end with; trained on as written (SGT's rescue), such ends pulled SmolLM2 off its
+    form (docs/results/compare-addition-gpu-2026-11-27.md). The receiver ends a peer's response as it ends its own."""
+    from mrl_launcher.lab.exchange import InProcessAlign
+    from mrl_tokenizer_align.catalog import cached_paths
+    from mrl_tokenizer_align.vocab import load_vocab
+    paths = cached_paths()
+    vocabs = {t: load_vocab(t, paths[t]) for t in ("gpt2", "smollm2")}
+    gpt2, smollm2 = vocabs["gpt2"], vocabs["smollm2"]
+    answer = [int(i) for i in gpt2.encode("Answer: 42")]
+    thl = InProcessAlign(vocabs)
+    as_mapped, _, _ = Retokenizer("smollm2", thl)([("gpt2", answer + [gpt2.eos_id])])
+    assert as_mapped[0][-1] == smollm2.specials["<|endoftext|>"] != smollm2.eos_id
+    ids, chunks, _ = Retokenizer("smollm2", thl, end_id=smollm2.eos_id)(
+        [("gpt2", answer + [gpt2.eos_id]), ("gpt2", answer), ("smollm2", [5, smollm2.specials["<|endoftext|>"]])])
+    assert ids[0] == as_mapped[0][:-1] + [smollm2.eos_id]
+    assert ids[1][-1] != smollm2.eos_id                  # a response cut before its end gets none
+    assert ids[2] == [5, smollm2.specials["<|endoftext|>"]]   # a peer with this policy's tokenizer: as it wrote it

@@ -216,7 +216,8 @@ class MutualGRPOTrainer(GRPOTrainer):
         if SHARING_KINDS[mutual.sharing]:
             self._inbox = PeerInbox(mutual.exchange, mutual.run_id, mutual.policy, SHARING_KINDS[mutual.sharing],
                                     mutual.peers, mutual.max_staleness)
-        self._retokenize = Retokenizer(mutual.tokenizer_id, mutual.align)
+        self._retokenize = Retokenizer(mutual.tokenizer_id, mutual.align,
+                                       end_id=getattr(self.processing_class, "eos_token_id", None))
         self._generation = 0                           # the run's step t: generation batches so far
         self._batch_rewards: list[float] = []
         self._rollouts_total = 0

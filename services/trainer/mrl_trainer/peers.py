@@ -17,9 +17,9 @@ __all__ = ["PeerInbox", "PeerIndex", "Arrived", "Retokenizer", "to_peer_batch"]
 class Retokenizer(_peers.Retokenizer):
     """mrl.peers.Retokenizer, whose missing-THL error names this trainer's setting."""
 
-    def __init__(self, tokenizer_id: str, align_client=None):
+    def __init__(self, tokenizer_id: str, align_client=None, end_id: int | None = None):
         super().__init__(tokenizer_id, align_client, missing_thl="set sharing.align.target to a THL service "
-                                                                 "(mrl align serve) to retokenize them")
+                                                                 "(mrl align serve) to retokenize them", end_id=end_id)
 
 
 def to_peer_batch(arrived: Arrived, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict]:

@@ -112,7 +112,8 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks()) 
                 exchange, config.run_id, config.policy, sharing.kinds, config.sharing.peers,
                 config.sharing.max_staleness, coupling=config.sharing.coupling, max_age_s=config.sharing.max_age_s,
                 max_prompts=config.sharing.max_prompts)))
-            retokenize = Retokenizer(config.exchange.tokenizer_id, _align_client(config, closing))
+            retokenize = Retokenizer(config.exchange.tokenizer_id, _align_client(config, closing),
+                                     end_id=tokenizer.eos_token_id)
         if config.scheduler and ranks.main:
             from mrl.scheduler_client import SchedulerClient
             scheduler = closing.enter_context(SchedulerClient(
