@@ -6,11 +6,12 @@ The case SGT meets on a step where every own group failed and a peer solved some
 term is zero, so the update is λ·NLL of the rescued responses alone (the guard passes a peer term when the own
 gradient is zero). Each arm starts from the same SmolLM2 (examples/policy-a.yaml on 2-digit addition, the
 trainer's own code: SGT's plan, the update with the guard, AdamW) and makes K such updates, each rescuing R
-prompts that SmolLM2 answers correctly by greedy decoding, with a correct response in one of two forms:
+prompts that SmolLM2 answers correctly by greedy decoding, with a correct response in one of these forms:
 
     own    SmolLM2's own greedy response (its form, ending with its own end of turn)
     peer   the form the demo's GPT-2 policy answers in, "Answer: N" and GPT-2's <|endoftext|>, retokenized
-           by THL's core in process, as SGT receives it from that peer
+           by THL's core in process (its end becomes SmolLM2's <|endoftext|>): what SGT trained on before
+           the trainer's Retokenizer put the receiver's own end in place
     peer-end  the peer's form, but ending with the receiver's own end of turn (its EOS) in place of the
            <|endoftext|> THL maps GPT-2's end to
     hinted the peer's response rewritten by the receiver: SmolLM2 samples `--hint-samples` responses (T = 1)
@@ -134,7 +135,8 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=64, help="train problems to find greedily solved ones in")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hint-samples", type=int, default=8, help="hinted arm: samples per rescued prompt")
-    parser.add_argument("--arms", default="own,peer,hinted", help="comma-separated, among own, peer, peer-end, hinted")
+    parser.add_argument("--arms", default="own,peer,peer-end,hinted",
+                        help="comma-separated, among own, peer, peer-end, hinted")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
