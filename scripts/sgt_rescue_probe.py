@@ -33,11 +33,12 @@ import tempfile
 import numpy as np
 import yaml
 
-from mrl_tokenizer_align.align import align
+from mrl_launcher.lab.exchange import InProcessAlign
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
 from mrl_trainer.config import load_config
 from mrl_trainer.experience import StepBatch
+from mrl_trainer.peers import Retokenizer
 from mrl_trainer.policy import prompt_ids
 from mrl_trainer.rollout.base import SamplingParams
 from mrl_trainer.sharing import make_sharing, sharing_config
@@ -63,13 +64,11 @@ def greedy(trainer, problems):
         return [g[0] for g in trainer.engine.generate([trainer._prompt(p) for p in problems], 1, params)]
 
 
-def peer_form(problem, smollm2) -> tuple[list[int], str]:
-    """"Answer: N" + <|endoftext|> in GPT-2's ids, retokenized into SmolLM2's by THL's align."""
-    paths = cached_paths()
-    gpt2 = load_vocab("gpt2", paths["gpt2"])
+def peer_form(problem, gpt2, retokenize: Retokenizer) -> tuple[list[int], str]:
+    """"Answer: N" + <|endoftext|> in GPT-2's ids, retokenized into SmolLM2's as the trainer does it."""
     text = f"Answer: {problem.answer}"
-    ids = np.append(gpt2.encode(text), gpt2.eos_id)
-    return [int(i) for i in align(gpt2, ids, smollm2).target_ids], text
+    ids, _, _ = retokenize([("gpt2", [*map(int, gpt2.encode(text)), gpt2.eos_id])])
+    return ids[0], text
 
 
 def rewrite(trainer, problem, peer_text: str, samples: int, seed: int) -> tuple[list[int], str]:
@@ -91,7 +90,11 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
             "metrics.jsonl": f"{tmp}/metrics.jsonl", "scheduler": None, "sharing.mode": "none"})
         trainer = build_trainer(config)
         trainer.sharing = make_sharing(sharing_config(**{**config.sharing.model_dump(), "mode": "sgt"}), config.loss)
-        smollm2 = load_vocab("smollm2", cached_paths()["smollm2"])
+        paths = cached_paths()
+        vocabs = {t: load_vocab(t, paths[t]) for t in ("gpt2", "smollm2")}
+        # the trainer's Retokenizer over THL's core; peer: THL's end as mapped, as before end_id existed
+        retokenize = Retokenizer("smollm2", InProcessAlign(vocabs),
+                                 end_id=trainer.tokenizer.eos_token_id if form == "peer-end" else None)
         pool = trainer.task.batch(1000, args.pool)                      # train problems, none of the eval split
         solved = [(p, s) for p, s in zip(pool, greedy(trainer, pool)) if trainer._verify(p, s.text)[0] >= 1.0]
         print(f"{form}: {len(solved)} of {len(pool)} train problems solved greedily at the start", flush=True)
@@ -107,9 +110,7 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
                               answers=[[None] for _ in chosen])       # as if every own group had failed
             successes = {}
             for i, (p, s) in enumerate(chosen):
-                ids, text = (s.ids, s.text) if form == "own" else peer_form(p, smollm2)
-                if form == "peer-end":
-                    ids = [*ids[:-1], trainer.tokenizer.eos_token_id]
+                ids, text = (s.ids, s.text) if form == "own" else peer_form(p, vocabs["gpt2"], retokenize)
                 if form == "hinted":
                     ids, text = rewrite(trainer, p, text, args.hint_samples, seed=args.seed * 1000 + k)
                 if ids:
