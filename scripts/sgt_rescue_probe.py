@@ -18,10 +18,14 @@ prompts that SmolLM2 answers correctly by greedy decoding, with a correct respon
            to the prompt with the peer's response shown as a hint, and the first its verifier accepts is
            trained on, as a response to the prompt without the hint (STaR's rationalization, Zelikman et
            al. 2022); a prompt with no accepted rewrite is not rescued
+    hinted-answer  the same, but the hint is only the answer the receiver's verifier extracted from the
+           peer's response ("the answer is N"), as STaR gives it, not the peer's text
 
 So own and peer differ only in the form of equally correct responses. After each update: greedy accuracy on
 the held-out problems, the share of greedy answers cut at the token limit, and the mean answer length.
 `--set` overrides a field of the trainer config (e.g. sharing.guard.memory=64, sharing.sgt.lam=0.01).
+`--remember N` puts the own greedy successes of N other solved train problems in the guard's memory before
+the first update, as a run's earlier steps would have (it takes effect with sharing.guard.memory > 0).
 Ends with one JSON line.
 """
 import argparse
@@ -71,10 +75,14 @@ def peer_form(problem, gpt2, retokenize: Retokenizer) -> tuple[list[int], str]:
     return ids[0], text
 
 
-def rewrite(trainer, problem, peer_text: str, samples: int, seed: int) -> tuple[list[int], str]:
-    """The receiver's own response, sampled with the peer's response as a hint and accepted by its verifier
-    against the problem as posed: ([], "") when none of `samples` is."""
-    hinted = f'{problem.question}\nHint: a correct response is "{peer_text}".'
+def rewrite(trainer, problem, peer_text: str, samples: int, seed: int, answer_only: bool = False) -> tuple[list[int], str]:
+    """The receiver's own response, sampled with the peer's response (`answer_only`: the answer its verifier
+    extracts from it) as a hint and accepted by its verifier against the problem as posed: ([], "") when none
+    of `samples` is."""
+    if answer_only:
+        hinted = f"{problem.question}\nHint: the answer is {trainer._verify(problem, peer_text)[1]}."
+    else:
+        hinted = f'{problem.question}\nHint: a correct response is "{peer_text}".'
     prompt = prompt_ids(trainer.tokenizer, hinted, trainer.cfg.system_prompt)
     params = SamplingParams(max_new_tokens=trainer.cfg.rollout.max_new_tokens, temperature=1.0, seed=seed)
     with trainer.autocast():
@@ -98,6 +106,11 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
         pool = trainer.task.batch(1000, args.pool)                      # train problems, none of the eval split
         solved = [(p, s) for p, s in zip(pool, greedy(trainer, pool)) if trainer._verify(p, s.text)[0] >= 1.0]
         print(f"{form}: {len(solved)} of {len(pool)} train problems solved greedily at the start", flush=True)
+        recalled = solved[args.steps * args.rescues:][:args.remember]     # never a problem an update rescues
+        for _, s in recalled:
+            trainer.sharing.guard.keep(s.prompt_ids, s.ids)
+        if args.remember and len(recalled) < args.remember:
+            raise SystemExit(f"--remember {args.remember}: only {len(recalled)} other solved problems; raise --pool")
         rows = [{"update": 0, **evaluate(trainer)}]
         print(form, rows[-1], flush=True)
         for k in range(args.steps):
@@ -111,8 +124,9 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
             successes = {}
             for i, (p, s) in enumerate(chosen):
                 ids, text = (s.ids, s.text) if form == "own" else peer_form(p, vocabs["gpt2"], retokenize)
-                if form == "hinted":
-                    ids, text = rewrite(trainer, p, text, args.hint_samples, seed=args.seed * 1000 + k)
+                if form.startswith("hinted"):
+                    ids, text = rewrite(trainer, p, text, args.hint_samples, seed=args.seed * 1000 + k,
+                                        answer_only=form == "hinted-answer")
                 if ids:
                     successes[i] = [PeerSample(producer="peer", prompt_index=i, ids=list(ids), text=text, reward=1.0)]
             plan = trainer.sharing.plan(batch, PeerBatch(successes=successes), capability=0.0,
@@ -135,9 +149,11 @@ def main() -> None:
     parser.add_argument("--rescues", type=int, default=1, help="prompts rescued per update")
     parser.add_argument("--pool", type=int, default=64, help="train problems to find greedily solved ones in")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--remember", type=int, default=0,
+                        help="own successes of other train problems put in the guard's memory first")
     parser.add_argument("--hint-samples", type=int, default=8, help="hinted arm: samples per rescued prompt")
     parser.add_argument("--arms", default="own,peer,peer-end,hinted",
-                        help="comma-separated, among own, peer, peer-end, hinted")
+                        help="comma-separated, among own, peer, peer-end, hinted, hinted-answer")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
@@ -145,7 +161,8 @@ def main() -> None:
     result = {form: arm(form, args, overrides) for form in args.arms.split(",")}
     summary = {form: {"accuracy": [r["accuracy"] for r in rows], "truncated": [r["truncated"] for r in rows]}
                for form, rows in result.items()}
-    print(json.dumps({"steps": args.steps, "rescues": args.rescues, "seed": args.seed, "set": overrides,
+    print(json.dumps({"steps": args.steps, "rescues": args.rescues, "seed": args.seed, "remember": args.remember,
+                      "set": overrides,
                       **summary}))
 
 

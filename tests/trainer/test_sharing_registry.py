@@ -15,6 +15,7 @@ from mrl.experience import KINDS
 from mrl_trainer.config import LossConfig, TrainerConfig
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.peers import Arrived, Retokenizer, _Entry, to_peer_batch
+from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout.base import Sample
 from mrl_trainer.sharing import (MODES, SHARING_MODES, STAT_SOURCES, Coordination, PeerBatch, PeerSample, Verifier,
                                  sharing_config, stat_labels)
@@ -89,7 +90,8 @@ def test_logged_stats_are_the_declared_ones(mode):
 
 
 def test_coordination_stats_are_the_declared_ones():
-    """peers.to_peer_batch's statistics, with one rollout of a foreign tokenizer retokenized by a stand-in THL."""
+    """peers.to_peer_batch's statistics, with one rollout of a foreign tokenizer retokenized by a stand-in THL, and
+    rationalize's (SGT's rescues in the receiver's words)."""
     rollout = SimpleNamespace(tokenizer_id="other", token_ids=[5, 6], logprobs=[-1.0, -1.0], response_text="a0",
                               reward=1.0)
     aligned = SimpleNamespace(target_ids=[7], lossless=True,
@@ -99,7 +101,8 @@ def test_coordination_stats_are_the_declared_ones():
     arrived = Arrived(entries={"p0": {"j": _Entry(version=0, group_rewards=[1.0], rollouts=[rollout])}},
                       capability={}, waited_s=0.1, complete=1.0)
     _, stats = to_peer_batch(arrived, ["p0"], Retokenizer("own", thl))
-    assert set(stats) | {"peer_guided", "peer_recalled"} == set(Coordination.stats)     # those two: Trainer.step
+    _, rationalized = rationalize(step_batch(), PeerBatch(), [], verify=None, sample=None, n=1)
+    assert set(stats) | set(rationalized) | {"peer_guided", "peer_recalled"} == set(Coordination.stats)  # those two: Trainer.step
 
 
 # --- everywhere modes are listed ----------------------------------------------------------------------------

@@ -7,7 +7,9 @@
              R_i        = verifier(x, y_i) ∈ [0, 1]
              publish    rollouts, group_stats, successes, policy_stats (when an exchange is configured)
              peers      what the peers published for these prompt ids (lockstep: waited for at most
-                        peer_wait_s; async: no wait), retokenized by THL (modes other than none; mrl.peers)
+                        peer_wait_s; async: no wait), retokenized by THL (modes other than none; mrl.peers);
+                        SGT with rationalize: the rescuable prompts' successes sampled again by this policy
+                        with the peer's verified answer as a hint (rationalize.py)
              plan       the sharing mode's advantages and extra sequences (sharing/): none is
                         A_i = (R_i − mean R) / (std R + ε)       (Dr.GRPO: no std)
              θ ← θ − lr ∇ L(θ)                                   L = the mode's own loss (GRPO / GSPO, DAPO
@@ -49,9 +51,11 @@ from mrl_trainer.metrics import MetricsSink
 from mrl_trainer.outbox import Outbox
 from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
 from mrl_trainer.policy import forward_dtype, load_policy, prompt_ids
+from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
 from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, Verifier, make_sharing
+from mrl_trainer.sharing.sgt import SGT
 from mrl_trainer.tasks import Problem, make_task
 from mrl_trainer.update import update
 
@@ -102,6 +106,9 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks()) 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.loss.lr, weight_decay=config.loss.weight_decay)
     state = load_checkpoint(found, model, optimizer, ranks) if found else TrainState()
     sharing = make_sharing(config.sharing, config.loss)
+    if isinstance(sharing, SGT) and config.sharing.sgt.rationalize and ranks.world > 1:
+        raise TrainerError("sharing.sgt.rationalize samples on rank 0 alone, which a model sharded over "
+                           f"{ranks.world} ranks cannot: set it to 0 under torchrun")
     closing = contextlib.ExitStack()
     try:
         inbox = retokenize = scheduler = metrics = None
@@ -372,9 +379,27 @@ class Trainer:
             wait_s = self.cfg.sharing.peer_wait_s if self.cfg.sharing.coupling == "lockstep" else 0.0
             arrived = self.inbox.collect(t, prompt_ids, wait_s, stop=self._should_stop)
             peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
-            peer_stats.update(peer_guided=guided, peer_recalled=recalled)
+            peers, rationalized = self.rationalize(batch, peers)
+            peer_stats.update(peer_guided=guided, peer_recalled=recalled, **rationalized)
         plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
         return published, plan, peer_stats
+
+    def rationalize(self, batch: StepBatch, peers: PeerBatch) -> tuple[PeerBatch, dict[str, int]]:
+        """SGT with sharing.sgt.rationalize = n: the rescuable prompts' peer successes replaced by this policy's
+        own verified responses, sampled (n per prompt, inside a rollout lease) with the peer's answer as a hint
+        (mrl_trainer.rationalize). Otherwise the peers as they came."""
+        n = self.cfg.sharing.sgt.rationalize
+        if not n or not isinstance(self.sharing, SGT):
+            return peers, {}
+        r = self.cfg.rollout
+        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                seed=self.cfg.seed * 1_000_003 + batch.step + (1 << 50))
+
+        def sample(asked, n):
+            with self._lease("rollout"), self.autocast():
+                return self.engine.generate([prompt_ids(self.tokenizer, question, self.cfg.system_prompt)
+                                             for _, question in asked], n, params)
+        return rationalize(batch, peers, self.sharing.rescuable(batch), verify=self._verify, sample=sample, n=n)
 
     def recall(self, batch: StepBatch) -> int:
         """async, modes that take successes: fetch the peers' verified successes on the prompts this batch failed

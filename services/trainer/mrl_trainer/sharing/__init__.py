@@ -44,16 +44,18 @@ SHARING_MODES: dict[str, type[SharingMode]] = {m.name: m for m in MODES}
 
 class Coordination:
     """Not a mode: the statistics the trainer logs, declared like a mode's, for every mode that takes peers'
-    experience (peers.to_peer_batch; peer_guided and peer_recalled from Trainer.step): the wait for peers, what
-    the async coupling dropped, chose and recalled, and the THL residual of the retokenized responses."""
+    experience (peers.to_peer_batch; peer_guided and peer_recalled from Trainer.step; sgt_* from
+    Trainer.rationalize): the wait for peers, what the async coupling dropped, chose and recalled, the THL
+    residual of the retokenized responses, and SGT's rationalized rescues."""
     stats = {"peer_wait_s": "seconds waited for peers", "peers_complete": "fraction of peers in time",
              "peer_dropped": "peer experiences dropped as stale", "peer_guided": "prompts chosen from the peers'",
              "peer_recalled": "successes from the library", "thl_one_to_one": "THL share of 1:1 chunks", "thl_lossless": "THL share lossless",
-             "thl_tokens_per_chunk": "THL tokens per chunk"}
+             "thl_tokens_per_chunk": "THL tokens per chunk", "sgt_rationalized": "SGT prompts rationalized",
+             "sgt_unrationalized": "SGT prompts whose hinted samples all failed"}
     figures = {"exchange": ("peer_wait_s", "peers_complete"),
                "coordination": ("peer_guided", "peer_dropped", "peer_recalled"),
                "thl": ("thl_one_to_one", "thl_lossless", "thl_tokens_per_chunk")}
-    cumulative = frozenset({"peer_dropped", "peer_guided", "peer_recalled"})
+    cumulative = frozenset({"peer_dropped", "peer_guided", "peer_recalled", "sgt_rationalized", "sgt_unrationalized"})
     summary = {"thl_one_to_one": "mean THL 1:1 share"}
 
 

@@ -17,8 +17,13 @@ where S is the accepted rescue set of the step (λ = 0.1 by default) and N, by `
 
 With S empty (every own group had a success, or every peer success failed re-verification)
 L = L_GRPO exactly.
+
+With `rationalize: n` (n > 0) S holds the receiver's own words instead of the peer's: the trainer samples n
+responses to each rescuable prompt with the peer's verified answer as a hint and keeps those its verifier
+accepts on the prompt as posed (mrl_trainer.rationalize; STaR's rationalization).
 Stats: sgt_rescued (prompts rescued), sgt_accepted, sgt_rejected (peer successes that failed
-re-verification: a poisoned or differently-scored peer), sgt_nll.
+re-verification: a poisoned or differently-scored peer), sgt_nll (with rationalize the trainer also logs
+sgt_rationalized and sgt_unrationalized: sharing.Coordination).
 """
 from typing import Literal
 
@@ -41,6 +46,11 @@ class SGTConfig(Section):
     normalize: Literal["responses", "prompts"] = Field(
         "responses", description="The NLL's divisor N: 'responses' = the rescued responses (a mean: λ however "
                                  "many), 'prompts' = the step's prompts (grows with what was rescued).")
+    rationalize: int = Field(0, ge=0, le=64, description="Samples the receiver draws per rescuable prompt with the "
+                                                         "peer's verified answer as a hint; SGT then trains on "
+                                                         "those its verifier accepts, in its own words, not on "
+                                                         "the peer's text (STaR's rationalization). 0: the "
+                                                         "peer's response as written (the paper).")
 
 
 def rescue_nll(logp: Tensor, mask: Tensor, lam: float, divisor: int) -> Tensor:
@@ -60,12 +70,17 @@ class SGT(SharingMode):
     cumulative = frozenset({"sgt_rescued", "sgt_accepted", "sgt_rejected"})
     summary = {"sgt_rescued": "SGT rescues (cum.)", "sgt_rejected": "SGT rejections (cum.)"}
 
+    def rescuable(self, batch: StepBatch) -> list[int]:
+        """The prompts whose own success rate is ≤ τ: those a peer's success can rescue."""
+        tau = self.sharing.sgt.tau
+        return [p for p, rewards in enumerate(batch.rewards) if sum(r >= 1.0 for r in rewards) / len(rewards) <= tau]
+
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         plan = super().plan(batch, peers, capability=capability, verify=verify)
         cfg = self.sharing.sgt
         rescued = accepted = rejected = 0
-        for p, rewards in enumerate(batch.rewards):
-            if sum(r >= 1.0 for r in rewards) / len(rewards) > cfg.tau or not peers.successes.get(p):
+        for p in self.rescuable(batch):
+            if not peers.successes.get(p):
                 continue
             kept = []
             for success in peers.successes[p]:
