@@ -18,12 +18,14 @@ An arm is a sharing mode, or a mode and a label (`sgt-prompts`: mode sgt) whose 
 to DIR/s<seed>/<arm>/metrics.jsonl; the comparison (mrl_launcher.analysis.compare: crossed bootstrap over
 seeds and problems, and the t-interval over seeds) goes to DIR/compare.json and the last line printed. A run
 whose metrics in DIR already hold its final evaluation is kept, not run again (runs are deterministic: one
-torch thread each), so an arm can be added to a finished comparison.
+torch thread each), so an arm can be added to a finished comparison; a run cut short is run again from the
+start. Each run holds about 7 GB of memory (on 24 GB: --parallel 2); its checkpoint is deleted at its end.
 """
 import argparse
 import json
 import os
 import pathlib
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -75,6 +77,7 @@ def run(seed: int, arm: str, out: str, overrides: dict) -> str:
     if metrics.exists() and any(json.loads(line).get("kind") == "eval" and json.loads(line)["step"] == steps
                                 for line in metrics.read_text().splitlines()):
         return str(metrics)
+    metrics.unlink(missing_ok=True)       # a run cut short starts again from nothing
     folder.mkdir(parents=True, exist_ok=True)
     config = load_config(ROOT / "examples" / "policy-a.yaml", {
         **SETTINGS, **overrides, "seed": seed, "checkpoint.dir": str(folder / "checkpoints"),
@@ -92,6 +95,7 @@ def run(seed: int, arm: str, out: str, overrides: dict) -> str:
         trainer.run()
     finally:
         trainer.close()
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)     # 1.5 GB each; the metrics are what counts
     print(f"s{seed} {arm}: {time.perf_counter() - start:.0f} s", flush=True)
     return str(metrics)
 
