@@ -74,8 +74,8 @@ def run(seed: int, arm: str, out: str, overrides: dict) -> str:
     folder = pathlib.Path(out) / f"s{seed}" / arm
     metrics = folder / "metrics.jsonl"
     steps = overrides.get("steps", SETTINGS["steps"])
-    if metrics.exists() and any(json.loads(line).get("kind") == "eval" and json.loads(line)["step"] == steps
-                                for line in metrics.read_text().splitlines()):
+    if metrics.exists() and any(r.get("kind") == "eval" and r["step"] == steps
+                                for r in map(json.loads, metrics.read_text().splitlines())):
         return str(metrics)
     metrics.unlink(missing_ok=True)       # a run cut short starts again from nothing
     folder.mkdir(parents=True, exist_ok=True)

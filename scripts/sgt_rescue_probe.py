@@ -19,7 +19,8 @@ prompts that SmolLM2 answers correctly by greedy decoding, with a correct respon
            trained on, as a response to the prompt without the hint (STaR's rationalization, Zelikman et
            al. 2022); a prompt with no accepted rewrite is not rescued
     hinted-answer  the same, but the hint is only the answer the receiver's verifier extracted from the
-           peer's response ("the answer is N"), as STaR gives it, not the peer's text
+           peer's response ("the answer is N"), as STaR gives it, not the peer's text: what the trainer's
+           sharing.sgt.rationalize does (mrl_trainer.rationalize.hinted)
 
 So own and peer differ only in the form of equally correct responses. After each update: greedy accuracy on
 the held-out problems, the share of greedy answers cut at the token limit, and the mean answer length.
@@ -44,6 +45,7 @@ from mrl_trainer.config import load_config
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.peers import Retokenizer
 from mrl_trainer.policy import prompt_ids
+from mrl_trainer.rationalize import hinted
 from mrl_trainer.rollout.base import SamplingParams
 from mrl_trainer.sharing import make_sharing, sharing_config
 from mrl_trainer.sharing.base import PeerBatch, PeerSample
@@ -80,10 +82,10 @@ def rewrite(trainer, problem, peer_text: str, samples: int, seed: int, answer_on
     extracts from it) as a hint and accepted by its verifier against the problem as posed: ([], "") when none
     of `samples` is."""
     if answer_only:
-        hinted = f"{problem.question}\nHint: the answer is {trainer._verify(problem, peer_text)[1]}."
+        question = hinted(problem.question, trainer._verify(problem, peer_text)[1])
     else:
-        hinted = f'{problem.question}\nHint: a correct response is "{peer_text}".'
-    prompt = prompt_ids(trainer.tokenizer, hinted, trainer.cfg.system_prompt)
+        question = f'{problem.question}\nHint: a correct response is "{peer_text}".'
+    prompt = prompt_ids(trainer.tokenizer, question, trainer.cfg.system_prompt)
     params = SamplingParams(max_new_tokens=trainer.cfg.rollout.max_new_tokens, temperature=1.0, seed=seed)
     with trainer.autocast():
         group = trainer.engine.generate([prompt], samples, params)[0]

@@ -252,6 +252,13 @@ class Trainer:
         return Verifier(batch, lambda problem, text: self._verify(problem, text)[0])
 
     # --- one step -------------------------------------------------------------------------------
+    def _sampling(self, step: int, salt: int) -> SamplingParams:
+        """The rollout's sampling settings at `step`, seeded by the run's seed, the step and `salt` (a rank, or
+        another use of the same step's samples)."""
+        r = self.cfg.rollout
+        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                              seed=self.cfg.seed * 1_000_003 + step + salt)
+
     def _prompt(self, problem: Problem) -> list[int]:
         return prompt_ids(self.tokenizer, problem.question, self.cfg.system_prompt)
 
@@ -285,8 +292,7 @@ class Trainer:
         batch."""
         r = self.cfg.rollout
         problems = problems or self.task.batch(step, r.prompts_per_step)
-        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                seed=self.cfg.seed * 1_000_003 + step + (self.ranks.rank << 40))
+        params = self._sampling(step, self.ranks.rank << 40)
         mine, real = self.ranks.block(problems)
         try:
             with self.autocast():
@@ -391,9 +397,7 @@ class Trainer:
         n = self.cfg.sharing.sgt.rationalize
         if not n or not isinstance(self.sharing, SGT):
             return peers, {}
-        r = self.cfg.rollout
-        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                seed=self.cfg.seed * 1_000_003 + batch.step + (1 << 50))
+        params = self._sampling(batch.step, 1 << 50)
 
         def sample(asked, n):
             with self._lease("rollout"), self.autocast():
