@@ -55,8 +55,9 @@ def compare(parser):
     """run each sharing mode on a topology's trainers and compare them (HTML, compare.json)"""
     from mrl_trainer.cli import add_overrides
     parser.add_argument("config", help="YAML topology with trainers, e.g. examples/mutual.yaml")
-    modes = parser.add_argument("--modes", help="comma-separated sharing modes among %(registered)s; must include "
-                                                "none (default: all)")
+    modes = parser.add_argument("--modes", help="comma-separated sharing modes among %(registered)s, or variants "
+                                                "of one (mode:field=value[:…][-unguarded], as in mrl lab bandit: "
+                                                "sgt:rationalize=8); must include none (default: every mode)")
     modes.registered = _RegisteredModes()     # argparse expands %(registered)s from the action's attributes
     parser.add_argument("--seeds", type=ints, help="comma-separated seeds for every trainer (default: each config's own)")
     parser.add_argument("--parallel", type=int, help="runs at once (default: cores // trainers, at least 1)")

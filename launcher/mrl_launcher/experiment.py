@@ -3,7 +3,9 @@
 For each seed s and each registered sharing mode m (mrl_trainer.sharing.MODES, or --modes), the
 topology's trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides; without --seeds,
 each trainer keeps its config's own seed, labelled "config") in a fresh run (`run_id = <run_id>-<m>-<label>`,
-data under OUT/<label>/<m>/) on its own Redis and services. Runs are paired: the modes of a seed start from
+data under OUT/<label>/<m>/) on its own Redis and services. An arm may also be a variant of a mode
+(mrl_launcher.variants, as in `mrl lab bandit`: `sgt:rationalize=8`, `xgrpo-unguarded`): its settings are applied
+over --set's, and its name in run ids and folders has `-` for the characters they do not allow. Runs are paired: the modes of a seed start from
 the same initial policies and prompts, and every run scores the same held-out problems (the task's own seed
 fixes them). OUT must be empty: trainers would resume from an earlier comparison's checkpoints.
 
@@ -20,12 +22,13 @@ import os
 import pathlib
 import threading
 
+from mrl.errors import FailedPrecondition
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.report import write_compare_page
 from mrl_launcher.analysis import compare
-from mrl_launcher.topology import read_settings, run_topology, stop_on_signals
+from mrl_launcher.topology import read_settings, run_topology, stop_on_signals, validate_trainers
+from mrl_launcher.variants import variant_settings, variant_slug
 from mrl_serving.registry import installed_services
-from mrl_trainer.sharing import SHARING_MODES
 
 __all__ = ["run_compare", "default_parallel"]
 
@@ -40,10 +43,13 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist")
-    unknown = [m for m in modes if m not in SHARING_MODES]
-    if unknown or "none" not in modes:
-        raise LauncherError(f"modes {modes} must include 'none' (the baseline) and be among {list(SHARING_MODES)}")
-    for what, values in (("modes", modes), ("seeds", seeds or [])):
+    try:
+        arms = {spec: variant_settings(spec) for spec in modes}
+    except FailedPrecondition as exc:
+        raise LauncherError(f"--modes: {exc}") from None
+    if "none" not in modes:
+        raise LauncherError(f"modes {modes} must include 'none' (the baseline, solo GRPO)")
+    for what, values in (("modes", [variant_slug(m) for m in modes]), ("seeds", seeds or [])):
         if len(set(values)) != len(values):
             raise LauncherError(f"{what} {values} name one twice: each run needs its own data folder and run id")
     if parallel is not None and parallel < 1:
@@ -51,6 +57,11 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     config = read_settings(path)
     if not config.get("trainers"):
         raise LauncherError(f"{path}: a comparison needs `trainers:` (the pair of policies)")
+    for spec, settings in arms.items():      # a value an arm's trainers refuse fails here, before any run
+        try:
+            validate_trainers(config, path.parent, {**(overrides or {}), **settings})
+        except LauncherError as exc:
+            raise LauncherError(f"arm {spec!r}: {exc}") from None
     out = pathlib.Path(out).resolve()
     if out.exists() and any(out.iterdir()):   # its trainers would resume from the old checkpoints
         raise LauncherError(f"{out} is not empty: a comparison starts from scratch; remove it or pass another --out")
@@ -69,16 +80,16 @@ def _label(seed: int | None) -> str:
 
 def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out: pathlib.Path,
              overrides: dict | None, stop: threading.Event, cpus: int) -> list[str]:
-    label = _label(seed)
+    label, slug = _label(seed), variant_slug(mode)
     if stop.is_set():        # another run failed, or Ctrl-C: do not start
         raise RunFailed(f"stopped before mode {mode}, seed {label}; runs so far are under {out}")
-    run = {**config, "data_dir": str(out / label / mode), "run_id": f"{config.get('run_id', 'compare')}-{mode}-{label}"}
+    run = {**config, "data_dir": str(out / label / slug), "run_id": f"{config.get('run_id', 'compare')}-{slug}-{label}"}
     run.pop("report", None)
     for name in installed_services():     # free ports: runs go in parallel, and beside anything already serving
         if run.get(name, {}) is not None:
             run[name] = {**(run.get(name) or {}), "port": 0, "admin_port": 0}
     print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
-    extra = {"sharing.mode": mode, **({} if seed is None else {"seed": seed})}
+    extra = {**variant_settings(mode), **({} if seed is None else {"seed": seed})}
     results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra}, cpus=cpus)
     if stop.is_set():        # its trainers stopped early (and exited 0): not a complete run
         raise RunFailed(f"stopped during mode {mode}, seed {label}; runs so far are under {out}")

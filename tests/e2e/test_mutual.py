@@ -239,12 +239,13 @@ def test_experiment_compare_runs_each_mode_and_compares_them(tmp_path, monkeypat
     from mrl_launcher.experiment import run_compare
     monkeypatch.setenv("MRL_MODEL_CACHE", str(tmp_path / "models"))
     topology = _tiny_pair(tmp_path, ("none", "none"), steps=3, warm_start_steps=40)
-    figures = run_compare(topology, ["none", "xgrpo"], [0, 1], tmp_path / "compare", parallel=2)
+    figures = run_compare(topology, ["none", "xgrpo:uniform_groups=zero"], [0, 1], tmp_path / "compare", parallel=2)
     assert figures["seeds"] == ["s0", "s1"] and set(figures["policies"]) == {"gpt2-tiny", "llama-tiny"}
     for policy, by_mode in figures["policies"].items():
-        assert set(by_mode) == {"none", "xgrpo"} and all(m["rollouts_total"] == 24 for m in by_mode.values())
+        assert set(by_mode) == {"none", "xgrpo:uniform_groups=zero"}      # a variant, named by its spec
+        assert all(m["rollouts_total"] == 24 for m in by_mode.values())
         assert figures["interval"][policy] == "seeds × eval problems"
-        xgrpo = by_mode["xgrpo"]
+        xgrpo = by_mode["xgrpo:uniform_groups=zero"]
         assert len(xgrpo["finals"]) == 2 and xgrpo["final_ci"][0] <= xgrpo["final_accuracy"] <= xgrpo["final_ci"][1]
         assert xgrpo["delta_baseline_ci"][0] <= xgrpo["delta_baseline"] <= xgrpo["delta_baseline_ci"][1]
     assert (tmp_path / "compare" / "index.html").is_file()
@@ -252,7 +253,7 @@ def test_experiment_compare_runs_each_mode_and_compares_them(tmp_path, monkeypat
     evals = [r for r in read_metrics(tmp_path / "compare" / "s1" / "none" / "gpt2-tiny" / "metrics.jsonl")
              if r.get("kind") == "eval"]
     assert all(len(r["eval_correct"]) == len(r["eval_prompt_ids"]) > 0 for r in evals)
-    xgrpo = read_metrics(tmp_path / "compare" / "s0" / "xgrpo" / "gpt2-tiny" / "metrics.jsonl")
+    xgrpo = read_metrics(tmp_path / "compare" / "s0" / "xgrpo-uniform_groups-zero" / "gpt2-tiny" / "metrics.jsonl")
     assert all(r["sharing"] == "xgrpo" and r["xgrpo_pooled"] == 8 for r in xgrpo if r.get("kind", "train") == "train")
 
 

@@ -76,3 +76,42 @@ def test_seeds_that_are_not_integers_are_a_usage_error(capsys):
         main(["experiment", "compare", "examples/compare.yaml", "--seeds", "0,one"])
     assert exit_.value.code == 2
     assert "expected comma-separated ints" in capsys.readouterr().err
+
+
+def test_an_arm_may_be_a_variant_of_a_mode(monkeypatch, tmp_path):
+    """`sgt:rationalize=8`: its settings go over --set's; its folder and run id are its slug, its name the spec."""
+    from mrl_launcher.variants import variant_settings, variant_slug
+    assert variant_settings("sgt:rationalize=8:normalize=prompts:guard.memory=4:coupling=async-unguarded") == {
+        "sharing.mode": "sgt", "sharing.sgt.rationalize": 8, "sharing.sgt.normalize": "prompts",
+        "sharing.guard.memory": 4, "sharing.coupling": "async", "sharing.guard.enabled": False}
+    assert variant_slug("sgt:rationalize=8") == "sgt-rationalize-8"
+    started = {}
+
+    def run_topology(run, base, stop, overrides, cpus):
+        started[run["run_id"]] = (run["data_dir"], overrides)
+        return {}
+
+    monkeypatch.setattr(experiment, "run_topology", run_topology)
+    monkeypatch.setattr(experiment, "compare", lambda runs: {"arms": {s: list(a) for s, a in runs.items()}})
+    monkeypatch.setattr(experiment, "write_compare_page", lambda result, out: out / "index.html")
+    result = experiment.run_compare(EXAMPLES / "compare-addition.yaml", ["none", "sgt:rationalize=8"], [3],
+                                    tmp_path / "out", {"sharing.sgt.rationalize": 2, "steps": 4}, parallel=1)
+    assert result == {"arms": {"s3": ["none", "sgt:rationalize=8"]}}
+    data_dir, overrides = started["compare-addition-sgt-rationalize-8-s3"]
+    assert data_dir == str(tmp_path / "out" / "s3" / "sgt-rationalize-8")
+    assert overrides == {"sharing.sgt.rationalize": 8, "steps": 4, "sharing.mode": "sgt", "seed": 3}
+    assert started["compare-addition-none-s3"][1]["sharing.mode"] == "none"
+
+
+@pytest.mark.parametrize("modes, match", [
+    (["none", "sgt:rationalize=-1"], r"(?s)arm 'sgt:rationalize=-1': .*rationalize.*greater than or equal to 0"),    # before any run starts
+    (["none", "sgt:lam"], "mode:field=value"),
+    (["none", "bogus:lam=1"], "unknown sharing mode 'bogus'"),
+    (["sgt"], "must include 'none'"),
+    (["none", "sgt:lam=0.2", "sgt:lam= 0.2"], "name one twice")])
+def test_a_bad_arm_is_refused_before_any_run(monkeypatch, tmp_path, modes, match):
+    from mrl_launcher.errors import LauncherError
+    monkeypatch.setattr(experiment, "run_topology", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(LauncherError, match=match):
+        experiment.run_compare(EXAMPLES / "compare-addition.yaml", modes, [0], tmp_path / "out", parallel=1)
+    assert not (tmp_path / "out").exists()

@@ -147,7 +147,7 @@ def test_compare_lists_every_mode(capsys, tmp_path):
     assert ", ".join(NAMES) in " ".join(capsys.readouterr().out.split())
     topology = tmp_path / "topology.yaml"
     topology.write_text("trainers: []\n")
-    with pytest.raises(LauncherError, match=re.escape(str(NAMES))):
+    with pytest.raises(LauncherError, match=re.escape(", ".join(NAMES))):
         run_compare(topology, ["none", "bogus"], None, tmp_path / "out")
 
 

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import yaml
 from pydantic import ValidationError
 
 from mrl.errors import FailedPrecondition
@@ -56,7 +55,8 @@ from mrl_trainer.config import LossConfig
 from mrl_trainer.experience import StepBatch, capability
 from mrl_trainer.update import gradient, update
 from mrl_trainer.peers import Retokenizer
-from mrl_trainer.sharing import COMMON_FIELDS, SHARING_MODES, PeerBatch, Verifier, make_sharing, sharing_config
+from mrl_launcher.variants import UNGUARDED, nested, variant_settings
+from mrl_trainer.sharing import PeerBatch, Verifier, make_sharing, sharing_config
 
 __all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points"]
 
@@ -229,7 +229,6 @@ def _summary(records: list[dict], cumulative: frozenset) -> dict:
     return {key: (sum(v) if key in cumulative else sum(v) / len(v)) for key, v in values.items()}
 
 
-UNGUARDED = "-unguarded"
 ALONE = "-alone"
 
 
@@ -244,31 +243,14 @@ def _suffixes(spec: str) -> tuple[str, bool, bool]:
 
 
 def mode_config(spec: str, **common):
-    """A mode spec → its validated `sharing:` section. A spec is a registered mode (`xgrpo`) or a variant of
-    one, `mode:field=value[:field=value …]`: a plain field is a field of `sharing:` common to every mode
-    (`sgt:coupling=async:guided_share=0`) or else one of the mode's own section (`xgrpo:uniform_groups=zero`,
-    `sgt:normalize=prompts:lam=0.2`), a dotted one a path in `sharing:` (`prp:guard.trust_rate=0`); values
-    read as YAML. A spec ending in `-unguarded` runs without the
-    no-harm guard (`sgt-unguarded`, `sgt:lam=1-unguarded`); one ending in `-alone` takes no peer experience
-    (_suffixes; its config is the mode's). FailedPrecondition on a bad spec."""
+    """A mode spec (mrl_launcher.variants: `sgt:lam=0.2`, `sgt-unguarded`) → its validated `sharing:` section;
+    a spec ending in `-alone` takes no peer experience (_suffixes; its config is the mode's).
+    FailedPrecondition on a bad spec."""
     body, unguarded, _ = _suffixes(spec)
-    mode, *fields = body.split(":")
-    if mode not in SHARING_MODES:
-        raise FailedPrecondition(f"unknown sharing mode {mode!r} in {spec!r}; registered: {', '.join(SHARING_MODES)}")
-    section, top = {}, {}
-    for field in fields:
-        key, sep, value = field.partition("=")
-        if not sep or not key:
-            raise FailedPrecondition(f"{spec!r}: a variant is mode:field=value[:field=value …], not {field!r}")
-        *path, name = key.split(".")
-        target = top if path or name in COMMON_FIELDS else section
-        for part in path:
-            target = target.setdefault(part, {})
-        target[name] = yaml.safe_load(value)
-    if unguarded:
-        top.setdefault("guard", {})["enabled"] = False
+    settings = variant_settings(body + (UNGUARDED if unguarded else ""))
+    mode = settings["sharing.mode"]
     try:
-        return sharing_config(mode=mode, **({mode: section} if section else {}), **top, **common)
+        return sharing_config(**nested(settings), **common)
     except (ValidationError, TypeError) as exc:
         where = ".".join(map(str, exc.errors()[0]["loc"])) if isinstance(exc, ValidationError) else "sharing"
         message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
