@@ -62,6 +62,9 @@ def compare(parser):
     parser.add_argument("--seeds", type=ints, help="comma-separated seeds for every trainer (default: each config's own)")
     parser.add_argument("--parallel", type=int, help="runs at once (default: cores // trainers, at least 1)")
     parser.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the runs in --out that finished with the same settings (to add seeds or arms, "
+                             "or complete a stopped comparison)")
     add_overrides(parser, "a field of every trainer")
 
     def run(args) -> None:
@@ -72,7 +75,7 @@ def compare(parser):
         from mrl_trainer.sharing import SHARING_MODES
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
         print(json.dumps(run_compare(args.config, modes, args.seeds, args.out, parse_overrides(args.overrides),
-                                     args.parallel)), flush=True)
+                                     args.parallel, args.keep)), flush=True)
     return run
 
 

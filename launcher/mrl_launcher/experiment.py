@@ -4,10 +4,16 @@ For each seed s and each registered sharing mode m (mrl_trainer.sharing.MODES, o
 topology's trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides; without --seeds,
 each trainer keeps its config's own seed, labelled "config") in a fresh run (`run_id = <run_id>-<m>-<label>`,
 data under OUT/<label>/<m>/) on its own Redis and services. An arm may also be a variant of a mode
-(mrl_launcher.variants, as in `mrl lab bandit`: `sgt:rationalize=8`, `xgrpo-unguarded`): its settings are applied
-over --set's, and its name in run ids and folders has `-` for the characters they do not allow. Runs are paired: the modes of a seed start from
-the same initial policies and prompts, and every run scores the same held-out problems (the task's own seed
-fixes them). OUT must be empty: trainers would resume from an earlier comparison's checkpoints.
+(mrl_launcher.variants, as in `mrl lab bandit`: `sgt:rationalize=8`, `xgrpo-unguarded`): its settings apply
+over --set's, and its name in run ids and folders has `-` for the characters they do not allow. Runs are
+paired: the modes of a seed start from the same initial policies and prompts, and every run scores the same
+held-out problems (the task's own seed fixes them).
+
+OUT must be empty (trainers would resume from an earlier comparison's checkpoints), unless `keep`: then a run
+that finished there (OUT/<label>/<m>/finished.json, written once all its trainers exited 0) with the same
+settings is kept and not run again, one that finished with other settings is an error before anything runs,
+and one cut short is removed and run from the start. So seeds or arms can be added to a comparison, or a
+stopped one completed (the topology file itself is not checked: keep it as it was).
 
 `parallel` runs go at once (default: as many as the cores allow, one core per trainer, at least one); each
 run's trainers share cores // parallel compute threads. A failed run stops the others and the comparison.
@@ -18,8 +24,10 @@ intervals over seeds and eval problems, curves with bands, and the rollouts each
 final accuracy. The last line printed is that JSON object.
 """
 import concurrent.futures
+import json
 import os
 import pathlib
+import shutil
 import threading
 
 from mrl.errors import FailedPrecondition
@@ -39,7 +47,7 @@ def default_parallel(trainers: int, jobs: int) -> int:
 
 
 def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int] | None, out: str | pathlib.Path,
-                overrides: dict | None = None, parallel: int | None = None) -> dict:
+                overrides: dict | None = None, parallel: int | None = None, keep: bool = False) -> dict:
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist")
@@ -63,9 +71,16 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
         except LauncherError as exc:
             raise LauncherError(f"arm {spec!r}: {exc}") from None
     out = pathlib.Path(out).resolve()
-    if out.exists() and any(out.iterdir()):   # its trainers would resume from the old checkpoints
-        raise LauncherError(f"{out} is not empty: a comparison starts from scratch; remove it or pass another --out")
+    if not keep and out.exists() and any(out.iterdir()):   # its trainers would resume from the old checkpoints
+        raise LauncherError(f"{out} is not empty: a comparison starts from scratch; remove it, pass another --out, "
+                            f"or --keep to keep its finished runs")
     jobs = [(seed, mode) for seed in seeds or [None] for mode in modes]
+    for seed, mode in jobs if keep else []:
+        finished = _finished(out, seed, mode)
+        if finished and finished["settings"] != _settings(overrides, mode, seed):
+            raise LauncherError(f"{out / _label(seed) / variant_slug(mode)} finished with other settings "
+                                f"({finished['settings']}; now {_settings(overrides, mode, seed)}): remove it or "
+                                f"pass another --out")
     parallel = parallel or default_parallel(len(config["trainers"]), len(jobs))
     with stop_on_signals() as stop:
         runs = _run_all(config, path, jobs, out, overrides, stop, parallel)
@@ -78,25 +93,51 @@ def _label(seed: int | None) -> str:
     return "config" if seed is None else f"s{seed}"
 
 
+FINISHED = "finished.json"     # in a run's folder once its trainers all exited 0: its settings and metrics files
+
+
+def _settings(overrides: dict | None, mode: str, seed: int | None) -> dict:
+    """What a run's trainers get over their topology's settings, as JSON would read them back."""
+    settings = {**(overrides or {}), **variant_settings(mode), **({} if seed is None else {"seed": seed})}
+    return json.loads(json.dumps(settings))
+
+
+def _finished(out: pathlib.Path, seed: int | None, mode: str) -> dict | None:
+    """A run's finished.json ({settings, metrics: files, relative to its folder}), if it finished; the files as
+    paths."""
+    marker = out / _label(seed) / variant_slug(mode) / FINISHED
+    if not marker.is_file():
+        return None
+    finished = json.loads(marker.read_text())
+    return {**finished, "metrics": [str(marker.parent / m) for m in finished["metrics"]]}
+
+
 def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out: pathlib.Path,
              overrides: dict | None, stop: threading.Event, cpus: int) -> list[str]:
     label, slug = _label(seed), variant_slug(mode)
     if stop.is_set():        # another run failed, or Ctrl-C: do not start
         raise RunFailed(f"stopped before mode {mode}, seed {label}; runs so far are under {out}")
-    run = {**config, "data_dir": str(out / label / slug), "run_id": f"{config.get('run_id', 'compare')}-{slug}-{label}"}
+    folder, settings, finished = out / label / slug, _settings(overrides, mode, seed), _finished(out, seed, mode)
+    if finished:             # run_compare checked that its settings are these
+        print(f"mrl experiment: seed {label}, mode {mode}: kept ({folder / FINISHED})", flush=True)
+        return finished["metrics"]
+    shutil.rmtree(folder, ignore_errors=True)      # a run cut short: from the start, not from its checkpoints
+    run = {**config, "data_dir": str(folder), "run_id": f"{config.get('run_id', 'compare')}-{slug}-{label}"}
     run.pop("report", None)
     for name in installed_services():     # free ports: runs go in parallel, and beside anything already serving
         if run.get(name, {}) is not None:
             run[name] = {**(run.get(name) or {}), "port": 0, "admin_port": 0}
     print(f"mrl experiment: seed {label}, mode {mode}", flush=True)
-    extra = {**variant_settings(mode), **({} if seed is None else {"seed": seed})}
-    results = run_topology(run, path.parent, stop, {**(overrides or {}), **extra}, cpus=cpus)
+    results = run_topology(run, path.parent, stop, settings, cpus=cpus)
     if stop.is_set():        # its trainers stopped early (and exited 0): not a complete run
         raise RunFailed(f"stopped during mode {mode}, seed {label}; runs so far are under {out}")
     failed = {p: r["exit_code"] for p, r in results.items() if r["exit_code"] != 0}
     if failed:
         raise RunFailed(f"mode {mode}, seed {label}: trainers failed with exit codes {failed}")
-    return [r["metrics"] for r in results.values()]
+    metrics = [str(r["metrics"]) for r in results.values()]
+    relative = [str(pathlib.Path(m).resolve().relative_to(folder)) for m in metrics]
+    (folder / FINISHED).write_text(json.dumps({"settings": settings, "metrics": relative}, indent=1))
+    return metrics
 
 
 def _run_all(config: dict, path: pathlib.Path, jobs: list, out: pathlib.Path, overrides: dict | None,

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from mrl_launcher import experiment
-from mrl_launcher.errors import RunFailed
+from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.topology import validate_trainers
 from mrl_trainer.sharing import SHARING_MODES
 
@@ -78,6 +78,23 @@ def test_seeds_that_are_not_integers_are_a_usage_error(capsys):
     assert "expected comma-separated ints" in capsys.readouterr().err
 
 
+def _fake_runs(monkeypatch) -> dict:
+    """run_topology writes one metrics file and records what it was given; compare lists the runs' files."""
+    started = {}
+
+    def run_topology(run, base, stop, overrides, cpus):
+        started[run["run_id"]] = (run["data_dir"], overrides)
+        metrics = pathlib.Path(run["data_dir"]) / "policy-a" / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True)
+        metrics.write_text("{}\n")
+        return {"policy-a": {"exit_code": 0, "metrics": metrics}}
+
+    monkeypatch.setattr(experiment, "run_topology", run_topology)
+    monkeypatch.setattr(experiment, "compare", lambda runs: {"arms": {s: dict(a) for s, a in runs.items()}})
+    monkeypatch.setattr(experiment, "write_compare_page", lambda result, out: out / "index.html")
+    return started
+
+
 def test_an_arm_may_be_a_variant_of_a_mode(monkeypatch, tmp_path):
     """`sgt:rationalize=8`: its settings go over --set's; its folder and run id are its slug, its name the spec."""
     from mrl_launcher.variants import variant_settings, variant_slug
@@ -85,18 +102,10 @@ def test_an_arm_may_be_a_variant_of_a_mode(monkeypatch, tmp_path):
         "sharing.mode": "sgt", "sharing.sgt.rationalize": 8, "sharing.sgt.normalize": "prompts",
         "sharing.guard.memory": 4, "sharing.coupling": "async", "sharing.guard.enabled": False}
     assert variant_slug("sgt:rationalize=8") == "sgt-rationalize-8"
-    started = {}
-
-    def run_topology(run, base, stop, overrides, cpus):
-        started[run["run_id"]] = (run["data_dir"], overrides)
-        return {}
-
-    monkeypatch.setattr(experiment, "run_topology", run_topology)
-    monkeypatch.setattr(experiment, "compare", lambda runs: {"arms": {s: list(a) for s, a in runs.items()}})
-    monkeypatch.setattr(experiment, "write_compare_page", lambda result, out: out / "index.html")
+    started = _fake_runs(monkeypatch)
     result = experiment.run_compare(EXAMPLES / "compare-addition.yaml", ["none", "sgt:rationalize=8"], [3],
                                     tmp_path / "out", {"sharing.sgt.rationalize": 2, "steps": 4}, parallel=1)
-    assert result == {"arms": {"s3": ["none", "sgt:rationalize=8"]}}
+    assert list(result["arms"]["s3"]) == ["none", "sgt:rationalize=8"]
     data_dir, overrides = started["compare-addition-sgt-rationalize-8-s3"]
     assert data_dir == str(tmp_path / "out" / "s3" / "sgt-rationalize-8")
     assert overrides == {"sharing.sgt.rationalize": 8, "steps": 4, "sharing.mode": "sgt", "seed": 3}
@@ -110,8 +119,27 @@ def test_an_arm_may_be_a_variant_of_a_mode(monkeypatch, tmp_path):
     (["sgt"], "must include 'none'"),
     (["none", "sgt:lam=0.2", "sgt:lam= 0.2"], "name one twice")])
 def test_a_bad_arm_is_refused_before_any_run(monkeypatch, tmp_path, modes, match):
-    from mrl_launcher.errors import LauncherError
     monkeypatch.setattr(experiment, "run_topology", lambda *a, **k: pytest.fail("a run started"))
     with pytest.raises(LauncherError, match=match):
         experiment.run_compare(EXAMPLES / "compare-addition.yaml", modes, [0], tmp_path / "out", parallel=1)
     assert not (tmp_path / "out").exists()
+
+
+def test_keep_adds_to_a_comparison_and_reruns_only_what_did_not_finish(monkeypatch, tmp_path):
+    started, out, topology = _fake_runs(monkeypatch), tmp_path / "out", EXAMPLES / "compare-addition.yaml"
+    first = experiment.run_compare(topology, ["none", "sgt"], [0], out, {"steps": 4}, parallel=1)
+    with pytest.raises(LauncherError, match="is not empty.*--keep"):
+        experiment.run_compare(topology, ["none", "sgt"], [0, 1], out, {"steps": 4}, parallel=1)
+    (out / "s0" / "sgt" / experiment.FINISHED).unlink()           # as if s0/sgt had been stopped
+    started.clear()
+    second = experiment.run_compare(topology, ["none", "sgt", "sgt:rationalize=8"], [0, 1], out, {"steps": 4},
+                                    parallel=1, keep=True)
+    assert sorted(started) == ["compare-addition-none-s1", "compare-addition-sgt-rationalize-8-s0",
+                               "compare-addition-sgt-rationalize-8-s1", "compare-addition-sgt-s0",
+                               "compare-addition-sgt-s1"]
+    assert second["arms"]["s0"]["none"] == first["arms"]["s0"]["none"]     # kept: the same files
+    assert all(pathlib.Path(f).is_file() for arms in second["arms"].values() for files in arms.values() for f in files)
+    started.clear()
+    with pytest.raises(LauncherError, match="s0/none finished with other settings"):
+        experiment.run_compare(topology, ["none"], [0], out, {"steps": 5}, parallel=1, keep=True)
+    assert not started
