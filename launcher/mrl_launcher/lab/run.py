@@ -49,13 +49,13 @@ from mrl.peers import guided_batch
 from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
 from mrl_launcher.lab.exchange import AsyncInbox, InProcessAlign, publish, receive
 from mrl_launcher.lab.point import Point, Settings
+from mrl_launcher.variants import UNGUARDED, nested, variant_settings
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
 from mrl_trainer.config import LossConfig
 from mrl_trainer.experience import StepBatch, capability
 from mrl_trainer.update import gradient, update
 from mrl_trainer.peers import Retokenizer
-from mrl_launcher.variants import UNGUARDED, nested, variant_settings
 from mrl_trainer.sharing import PeerBatch, Verifier, make_sharing, sharing_config
 
 __all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points"]
