@@ -4,7 +4,8 @@
         ...
 
 It listens on a unix socket only (no TCP port to collide with, nothing reachable from the
-network), persists with AOF under `data_dir`, and is shut down cleanly on exit, so a
+network): `data_dir/redis.sock`, or, where that path is too long for a socket (Linux allows 107 bytes), one in
+a private temporary folder (mode 0700) removed at stop. It persists with AOF under `data_dir`, and is shut down cleanly on exit, so a
 second start over the same folder finds everything that was acknowledged before.
 
 A redis-server that dies while in use (a crash, kill -9, the OOM killer) is started again over
@@ -15,7 +16,9 @@ acknowledged, so clients find their data again on the same socket. Meanwhile com
 """
 import logging
 import pathlib
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -32,12 +35,14 @@ log = logging.getLogger(__name__)
 
 RESTART_DELAYS_S = (1.0, 30.0)  # the first wait before a restart, and the longest
 _STABLE_S = 60.0                 # a redis-server up this long has its next restart after the first delay again
+_MAX_SOCKET_PATH = 100           # sun_path is 108 bytes on Linux, with its terminating NUL
 
 
 class EmbeddedRedis:
     def __init__(self, data_dir: str | pathlib.Path, appendonly: bool = True):
         self.data_dir = pathlib.Path(data_dir).resolve()
         self.socket = self.data_dir / "redis.sock"
+        self._socket_dir: pathlib.Path | None = None   # the temporary folder of a socket that data_dir cannot hold
         self.appendonly = appendonly
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()        # held while the process is swapped (restart / stop)
@@ -51,8 +56,12 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> str:
         """Start redis-server and its supervisor; return the URL once Redis answers."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if len(str(self.socket)) > 100:  # sun_path is 108 bytes on Linux
-            raise InvalidArgument(f"socket path {self.socket} is too long for a unix socket; use a shorter data_dir")
+        if len(str(self.socket)) > _MAX_SOCKET_PATH:
+            self._socket_dir = pathlib.Path(tempfile.mkdtemp(prefix="mrl-redis-"))
+            self.socket = self._socket_dir / "redis.sock"
+            if len(str(self.socket)) > _MAX_SOCKET_PATH:
+                raise InvalidArgument(f"socket path {self.socket} is too long for a unix socket; use a shorter "
+                                      f"TMPDIR or data_dir")
         self._stopping.clear()
         self._proc = self._launch(timeout_s)
         # The supervisor starts the replacements: a child dies with the thread that started it (see
@@ -132,6 +141,9 @@ class EmbeddedRedis:
                 pass  # SHUTDOWN closes the connection by design; a hung server is killed by _end
         _end(proc)
         self._supervisor.join(5)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir, self.socket = None, self.data_dir / "redis.sock"
 
     def __enter__(self) -> str:
         return self.start()
