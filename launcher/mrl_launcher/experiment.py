@@ -76,11 +76,10 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
                             f"or --keep to keep its finished runs")
     jobs = [(seed, mode) for seed in seeds or [None] for mode in modes]
     for seed, mode in jobs if keep else []:
-        finished = _finished(out, seed, mode)
-        if finished and finished["settings"] != _settings(overrides, mode, seed):
+        finished, settings = _finished(out, seed, mode), _settings(overrides, mode, seed)
+        if finished and finished["settings"] != settings:
             raise LauncherError(f"{out / _label(seed) / variant_slug(mode)} finished with other settings "
-                                f"({finished['settings']}; now {_settings(overrides, mode, seed)}): remove it or "
-                                f"pass another --out")
+                                f"({finished['settings']}; now {settings}): remove it or pass another --out")
     parallel = parallel or default_parallel(len(config["trainers"]), len(jobs))
     with stop_on_signals() as stop:
         runs = _run_all(config, path, jobs, out, overrides, stop, parallel)

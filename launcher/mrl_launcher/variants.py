@@ -13,7 +13,7 @@ import yaml
 from mrl.errors import FailedPrecondition
 from mrl_trainer.sharing import COMMON_FIELDS, SHARING_MODES
 
-__all__ = ["UNGUARDED", "variant_settings", "variant_slug", "nested"]
+__all__ = ["UNGUARDED", "variant_settings", "variant_slug"]
 
 UNGUARDED = "-unguarded"
 
@@ -43,14 +43,3 @@ def variant_slug(spec: str) -> str:
     """The spec with every character a run id does not allow as `-` (`sgt:rationalize=8` → `sgt-rationalize-8`)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", spec)
 
-
-def nested(settings: dict, prefix: str = "sharing.") -> dict:
-    """Dotted settings under `prefix` as nested dicts ({sharing.guard.enabled: False} → {guard: {enabled: False}})."""
-    out: dict = {}
-    for key, value in settings.items():
-        *path, name = key.removeprefix(prefix).split(".")
-        target = out
-        for part in path:
-            target = target.setdefault(part, {})
-        target[name] = value
-    return out

@@ -49,10 +49,10 @@ from mrl.peers import guided_batch
 from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
 from mrl_launcher.lab.exchange import AsyncInbox, InProcessAlign, publish, receive
 from mrl_launcher.lab.point import Point, Settings
-from mrl_launcher.variants import UNGUARDED, nested, variant_settings
+from mrl_launcher.variants import UNGUARDED, variant_settings
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
-from mrl_trainer.config import LossConfig
+from mrl_trainer.config import LossConfig, apply_overrides
 from mrl_trainer.experience import StepBatch, capability
 from mrl_trainer.update import gradient, update
 from mrl_trainer.peers import Retokenizer
@@ -250,7 +250,8 @@ def mode_config(spec: str, **common):
     settings = variant_settings(body + (UNGUARDED if unguarded else ""))
     mode = settings["sharing.mode"]
     try:
-        return sharing_config(**nested(settings), **common)
+        return sharing_config(**apply_overrides({}, {k.removeprefix("sharing."): v for k, v in settings.items()}),
+                              **common)
     except (ValidationError, TypeError) as exc:
         where = ".".join(map(str, exc.errors()[0]["loc"])) if isinstance(exc, ValidationError) else "sharing"
         message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)

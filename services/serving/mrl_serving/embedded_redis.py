@@ -4,9 +4,10 @@
         ...
 
 It listens on a unix socket only (no TCP port to collide with, nothing reachable from the
-network): `data_dir/redis.sock`, or, where that path is too long for a socket (Linux allows 107 bytes), one in
-a private temporary folder (mode 0700) removed at stop. It persists with AOF under `data_dir`, and is shut down cleanly on exit, so a
-second start over the same folder finds everything that was acknowledged before.
+network): `data_dir/redis.sock`, or, where that path is too long for a socket (Linux allows 107
+bytes), one in a private temporary folder (mode 0700) removed at stop. It persists with AOF under
+`data_dir` and is shut down cleanly on exit, so a second start over the same folder finds
+everything that was acknowledged before.
 
 A redis-server that dies while in use (a crash, kill -9, the OOM killer) is started again over
 the same folder by a supervising thread, after RESTART_DELAYS_S[0] s (doubling up to the last
@@ -41,13 +42,16 @@ _MAX_SOCKET_PATH = 100           # sun_path is 108 bytes on Linux, with its term
 class EmbeddedRedis:
     def __init__(self, data_dir: str | pathlib.Path, appendonly: bool = True):
         self.data_dir = pathlib.Path(data_dir).resolve()
-        self.socket = self.data_dir / "redis.sock"
         self._socket_dir: pathlib.Path | None = None   # the temporary folder of a socket that data_dir cannot hold
         self.appendonly = appendonly
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()        # held while the process is swapped (restart / stop)
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
+
+    @property
+    def socket(self) -> pathlib.Path:
+        return (self._socket_dir or self.data_dir) / "redis.sock"
 
     @property
     def url(self) -> str:
@@ -58,7 +62,6 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if len(str(self.socket)) > _MAX_SOCKET_PATH:
             self._socket_dir = pathlib.Path(tempfile.mkdtemp(prefix="mrl-redis-"))
-            self.socket = self._socket_dir / "redis.sock"
             if len(str(self.socket)) > _MAX_SOCKET_PATH:
                 raise InvalidArgument(f"socket path {self.socket} is too long for a unix socket; use a shorter "
                                       f"TMPDIR or data_dir")
@@ -143,7 +146,7 @@ class EmbeddedRedis:
         self._supervisor.join(5)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir, self.socket = None, self.data_dir / "redis.sock"
+            self._socket_dir = None
 
     def __enter__(self) -> str:
         return self.start()

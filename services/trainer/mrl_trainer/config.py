@@ -30,7 +30,7 @@ from mrl_trainer.sharing import SharingConfig, sharing_config
 from mrl_trainer.tasks import TaskSpec
 
 __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
-           "ExchangeConfig", "SchedulerConfig", "load_config"]
+           "ExchangeConfig", "SchedulerConfig", "load_config", "apply_overrides"]
 
 
 class RolloutConfig(Section):
@@ -168,7 +168,16 @@ def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> Trai
         raise TrainerError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise TrainerError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
-    raw = _resolve(raw, path.parent)
+    raw = apply_overrides(_resolve(raw, path.parent), overrides)
+    try:
+        return TrainerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise TrainerError(f"{path}: invalid trainer config:\n{exc}") from exc
+
+
+def apply_overrides(raw: dict, overrides: dict | None) -> dict:
+    """`raw` with each dotted override set in place (`sharing.guard.enabled: False` → raw["sharing"]["guard"]
+    ["enabled"]), sections made where absent or null; TrainerError where a path runs through a value."""
     for dotted, value in (overrides or {}).items():
         *parents, leaf = dotted.split(".")
         node = raw
@@ -180,7 +189,4 @@ def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> Trai
                                    f"(it holds {node[p]!r})")
             node = node[p]
         node[leaf] = value
-    try:
-        return TrainerConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise TrainerError(f"{path}: invalid trainer config:\n{exc}") from exc
+    return raw
