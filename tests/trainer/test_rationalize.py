@@ -56,7 +56,7 @@ def test_a_verified_peer_answer_is_rescued_in_the_receivers_own_words(task):
     # only the rescuable prompt 0 is asked, with the answer the verifier extracted from the peer's verified text
     assert asked == [(batch.problems[0], hinted(batch.problems[0].question, str(right)))]
     assert f"Hint: the answer is {right}." in asked[0][1]
-    assert stats == {"sgt_rationalized": 1, "sgt_unrationalized": 0}
+    assert stats == {"sgt_rationalized": 1, "sgt_unrationalized": 0, "sgt_rationalized_truncated": 0}
     # the rejected peer success stays for SGT to count; the verified one is replaced by the receiver's own words
     assert [s.text for s in out.successes[0]] == [f"Answer: {wrong}", f"The sum is {right}."]
     assert out.successes[0][1].ids == [7, 8, 2] and out.successes[0][1].producer == "rationalized"
@@ -73,7 +73,34 @@ def test_a_prompt_whose_hinted_samples_all_fail_is_not_rescued(task):
     out, stats = rationalize(batch, peers, [0], verify=verify_with(task), n=3,
                              sample=lambda questions, n: [[Sample([1], [7], [-1.0], "seven", False)] * n
                                                           for _ in questions])
-    assert stats == {"sgt_rationalized": 0, "sgt_unrationalized": 1} and out.successes[0] == []
+    assert stats == {"sgt_rationalized": 0, "sgt_unrationalized": 1,
+                     "sgt_rationalized_truncated": 0} and out.successes[0] == []
+
+
+def test_rewrites_that_ended_by_themselves_come_first_and_the_shorter_first(task):
+    """SGT keeps the first per_prompt rewrites: one cut at the token limit is used only when none ended by itself
+    (then counted in sgt_rationalized_truncated)."""
+    batch = failed_batch(task, prompts=2)
+    peers = PeerBatch(successes={p: [success(p, f"Answer: {problem.answer}")]
+                                 for p, problem in enumerate(batch.problems)})
+
+    def sample(questions, n):
+        right = [f"The sum is {problem.answer}" for problem, _ in questions]
+        return [[Sample([1], [7] * 9, [-0.1] * 9, right[0] + " and so on", True),
+                 Sample([1], [7] * 6, [-0.1] * 6, right[0] + ".", False),
+                 Sample([1], [7] * 3, [-0.1] * 3, "No idea.", False),
+                 Sample([1], [7] * 4, [-0.1] * 4, right[0] + "!", False)],
+                [Sample([1], [8] * 9, [-0.1] * 9, right[1] + " and so", True),
+                 Sample([1], [8] * 7, [-0.1] * 7, right[1] + " and", True),
+                 Sample([1], [8] * 2, [-0.1] * 2, "No.", False)]]
+
+    out, stats = rationalize(batch, peers, [0, 1], verify=verify_with(task), sample=sample, n=4)
+    assert [len(s.ids) for s in out.successes[0]] == [4, 6, 9]
+    assert [len(s.ids) for s in out.successes[1]] == [7, 9]
+    assert stats == {"sgt_rationalized": 2, "sgt_unrationalized": 0, "sgt_rationalized_truncated": 1}
+    sgt = make_sharing(sharing_config(mode="sgt"), LossConfig())
+    plan = sgt.plan(batch, out, capability=0.0, verify=Verifier(batch, lambda p, t: verify_with(task)(p, t)[0]))
+    assert [len(e.ids) for e in plan.extras] == [4, 7]
 
 
 def test_peer_successes_the_verifier_rejects_ask_nothing(task):
@@ -83,7 +110,8 @@ def test_peer_successes_the_verifier_rejects_ask_nothing(task):
     def sample(questions, n):
         raise AssertionError("nothing to rationalize: nothing is sampled")
     out, stats = rationalize(batch, peers, [0], verify=verify_with(task), sample=sample, n=4)
-    assert out is peers and stats == {"sgt_rationalized": 0, "sgt_unrationalized": 0}
+    assert out is peers and stats == {"sgt_rationalized": 0, "sgt_unrationalized": 0,
+                                      "sgt_rationalized_truncated": 0}
 
 
 def test_the_trainer_samples_its_rewrites_with_its_own_model(tmp_path):
@@ -97,7 +125,8 @@ def test_the_trainer_samples_its_rewrites_with_its_own_model(tmp_path):
         peers = PeerBatch(successes={p: [success(p, f"Answer: {problem.answer}")]
                                      for p, problem in enumerate(batch.problems)})
         assert trainer.rationalize(batch, peers) == (peers, {})        # mode none
-        for n, expected in ((0, None), (2, {"sgt_rationalized": 0, "sgt_unrationalized": 2})):
+        for n, expected in ((0, None), (2, {"sgt_rationalized": 0, "sgt_unrationalized": 2,
+                                                 "sgt_rationalized_truncated": 0})):
             trainer.sharing = make_sharing(sharing_config(mode="sgt", sgt={"rationalize": n}), trainer.cfg.loss)
             trainer.cfg.sharing.sgt.rationalize = n
             out, stats = trainer.rationalize(batch, peers)

@@ -15,6 +15,15 @@ and SGT trains on (x, y_i): λ·NLL of the receiver's own words, as a response t
 answer, as the receiver's verifier reads it, crosses over from the peer; its text is never trained on. A prompt
 none of whose n samples is verified is not rescued (counted in sgt_unrationalized). Peer successes the verifier
 rejects are left as they are, for SGT to reject and count.
+
+The rescued y_i are ordered for SGT, which keeps the first `per_prompt`: those that ended by themselves (a stop
+token) before those cut at max_new_tokens, and the shorter first within each:
+
+    order(y_i)    = (truncated(y_i), |y_i|)
+
+A rewrite cut at the limit is verified only because its answer came early; its NLL trains the policy to go on
+writing past the answer, towards the limit. A prompt whose only verified rewrites were cut is still rescued, and
+counted in sgt_rationalized_truncated.
 """
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,7 +46,8 @@ def rationalize(batch: StepBatch, peers: PeerBatch, prompts: list[int], *, verif
                 n: int) -> tuple[PeerBatch, dict[str, int]]:
     """`peers` with the successes of `prompts` (the prompt indices SGT would rescue) replaced by the receiver's
     own verified rewrites; stats sgt_rationalized (prompts with one) and sgt_unrationalized (prompts with a
-    verified peer answer and none of the n samples verified)."""
+    verified peer answer and none of the n samples verified) and sgt_rationalized_truncated (prompts whose first
+    rewrite, in the module's order, was cut at the token limit)."""
     asked = []           # (prompt index, the successes the verifier rejects, the hinted question)
     for p in prompts:
         offered = peers.successes.get(p, [])
@@ -47,15 +57,18 @@ def rationalize(batch: StepBatch, peers: PeerBatch, prompts: list[int], *, verif
         if answers:
             asked.append((p, [s for s, reward, _ in checked if reward < 1.0], hinted(problem.question, answers[0])))
     if not asked:
-        return peers, {"sgt_rationalized": 0, "sgt_unrationalized": 0}
+        return peers, {"sgt_rationalized": 0, "sgt_unrationalized": 0, "sgt_rationalized_truncated": 0}
     groups = sample([(batch.problems[p], question) for p, _, question in asked], n)
     successes = dict(peers.successes)
-    rationalized = 0
+    rationalized = truncated = 0
     for (p, rejected, _), group in zip(asked, groups):
         problem, template = batch.problems[p], peers.successes[p][0]
-        own = [replace(template, producer="rationalized", ids=list(s.ids), text=s.text, reward=1.0)
-               for s in group if s.ids and verify(problem, s.text)[0] >= 1.0]
-        rationalized += bool(own)
-        successes[p] = rejected + own
+        verified = sorted((s for s in group if s.ids and verify(problem, s.text)[0] >= 1.0),
+                          key=lambda s: (s.truncated, len(s.ids)))
+        rationalized += bool(verified)
+        truncated += bool(verified) and verified[0].truncated
+        successes[p] = rejected + [replace(template, producer="rationalized", ids=list(s.ids), text=s.text,
+                                           reward=1.0) for s in verified]
     return replace(peers, successes=successes), {"sgt_rationalized": rationalized,
-                                                 "sgt_unrationalized": len(asked) - rationalized}
+                                                 "sgt_unrationalized": len(asked) - rationalized,
+                                                 "sgt_rationalized_truncated": truncated}

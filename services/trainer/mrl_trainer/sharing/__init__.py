@@ -51,11 +51,13 @@ class Coordination:
              "peer_dropped": "peer experiences dropped as stale", "peer_guided": "prompts chosen from the peers'",
              "peer_recalled": "successes from the library", "thl_one_to_one": "THL share of 1:1 chunks", "thl_lossless": "THL share lossless",
              "thl_tokens_per_chunk": "THL tokens per chunk", "sgt_rationalized": "SGT prompts rationalized",
-             "sgt_unrationalized": "SGT prompts whose hinted samples all failed"}
+             "sgt_unrationalized": "SGT prompts whose hinted samples all failed",
+             "sgt_rationalized_truncated": "SGT prompts rationalized only by responses cut at the limit"}
     figures = {"exchange": ("peer_wait_s", "peers_complete"),
                "coordination": ("peer_guided", "peer_dropped", "peer_recalled"),
                "thl": ("thl_one_to_one", "thl_lossless", "thl_tokens_per_chunk")}
-    cumulative = frozenset({"peer_dropped", "peer_guided", "peer_recalled", "sgt_rationalized", "sgt_unrationalized"})
+    cumulative = frozenset({"peer_dropped", "peer_guided", "peer_recalled", "sgt_rationalized", "sgt_unrationalized",
+                            "sgt_rationalized_truncated"})
     summary = {"thl_one_to_one": "mean THL 1:1 share"}
 
 

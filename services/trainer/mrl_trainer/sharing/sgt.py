@@ -23,7 +23,7 @@ responses to each rescuable prompt with the peer's verified answer as a hint and
 accepts on the prompt as posed (mrl_trainer.rationalize; STaR's rationalization).
 Stats: sgt_rescued (prompts rescued), sgt_accepted, sgt_rejected (peer successes that failed
 re-verification: a poisoned or differently-scored peer), sgt_nll (with rationalize the trainer also logs
-sgt_rationalized and sgt_unrationalized: sharing.Coordination).
+sgt_rationalized, sgt_unrationalized and sgt_rationalized_truncated: sharing.Coordination).
 """
 from typing import Literal
 
