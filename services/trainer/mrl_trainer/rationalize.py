@@ -21,7 +21,7 @@ token) before those cut at max_new_tokens, and the shorter first within each:
 
     order(y_i)    = (truncated(y_i), |y_i|)
 
-A rewrite cut at the limit is verified only because its answer came early; its NLL trains the policy to go on
+A rewrite cut at the limit is verified only because its answer came early; its NLL can train the policy to go on
 writing past the answer, towards the limit. A prompt whose only verified rewrites were cut is still rescued, and
 counted in sgt_rationalized_truncated.
 """
