@@ -133,14 +133,35 @@ def validate_trainers(config: dict, base: pathlib.Path, overrides: dict | None =
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """An Event set by SIGINT or SIGTERM while the block runs; the previous handlers come back after it."""
+    """An Event set by SIGINT or SIGTERM while the block runs; the previous handlers come back after it.
+
+    A watcher thread sets it, not the handler: a Python handler runs in the main thread between bytecodes, and
+    Event.set takes the Event's lock, which the main thread holds for a moment inside stop.wait() — a signal in
+    that moment would deadlock it. The interpreter's C handler writes each signal's number to a wakeup pipe
+    (signal.set_wakeup_fd); the watcher reads the pipe and sets the Event."""
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    wanted = {signal.SIGINT, signal.SIGTERM}
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+
+    def watch():
+        while data := os.read(read_fd, 64):     # b"" once the write end is closed
+            if wanted & set(data):
+                stop.set()
+
+    watcher = threading.Thread(target=watch, name="mrl-stop-on-signals", daemon=True)
+    watcher.start()
+    previous_fd = signal.set_wakeup_fd(write_fd)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in wanted}
     try:
         yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(write_fd)
+        watcher.join()
+        os.close(read_fd)
 
 
 def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overrides: dict | None = None,

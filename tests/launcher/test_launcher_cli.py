@@ -33,6 +33,21 @@ def test_up_runs_the_topology_and_stops_cleanly_on_ctrl_c(tmp_path):
     assert not (tmp_path / "d" / "redis" / "redis.sock").exists()  # Redis was shut down too
 
 
+def test_a_ctrl_c_while_the_launcher_holds_the_stop_events_lock_still_stops_it():
+    """The launcher's main thread waits on the stop Event (holding its lock for a moment each time); a SIGINT that
+    lands in that moment must still set it. A handler that called Event.set itself blocked on the lock its own
+    thread held: `mrl up` then never stopped (seen once in CI)."""
+    code = ("import os, signal\n"
+            "from mrl_launcher.topology import stop_on_signals\n"
+            "with stop_on_signals() as stop:\n"
+            "    with stop._cond:\n"       # as inside stop.wait(): the main thread holds the Event's lock
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        sum(range(1000))\n"       # bytecodes: the Python-level handler runs here
+            "    print('stopped' if stop.wait(10) else 'not stopped')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "stopped", out.stderr
+
+
 def test_demo_delivers_every_peer_experience(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mrl.cli", "demo", "--exchange", "--steps", "3", "--group-size", "4"],
                          capture_output=True, text=True, timeout=120, env={"MRL_DATA_DIR": str(tmp_path),
