@@ -138,6 +138,48 @@ def test_without_an_own_gradient_the_peer_term_passes_and_is_no_evidence():
     assert torch.equal(p.grad, torch.tensor([0.0, 3.0])) and math.isnan(evidence["agreement"])
 
 
+def test_a_peer_term_larger_than_kappa_times_the_own_gradient_is_cut_to_that_size():
+    """g_s = (1, 0), d = (0, 30): a peer NLL's gradient dwarfs the policy gradient; with κ = 0.5 the peer term
+    is cut to 0.5·‖g_s‖, a smaller one passes, and a step with no own gradient takes no peer term."""
+    p = _param([1.0, 30.0])
+    evidence = Guard(GuardConfig(max_ratio=0.5)).combine([p], [torch.tensor([1.0, 0.0])])
+    assert torch.allclose(p.grad, torch.tensor([1.0, 0.5])) and evidence["capped"] == 1.0
+    p = _param([1.0, 0.25])
+    evidence = Guard(GuardConfig(max_ratio=0.5)).combine([p], [torch.tensor([1.0, 0.0])])
+    assert torch.equal(p.grad, torch.tensor([1.0, 0.25])) and evidence["capped"] == 0.0
+    p = _param([0.0, 3.0])
+    evidence = Guard(GuardConfig(max_ratio=0.5)).combine([p], [None])
+    assert torch.equal(p.grad, torch.tensor([0.0, 0.0])) and evidence["capped"] == 1.0
+    guard = Guard(GuardConfig(max_ratio=0.5))
+    guard.trust = 0.1                                   # τ·‖d‖ = 3 > 0.5: the cap, not τ, sets the weight
+    p = _param([1.0, 30.0])
+    guard.combine([p], [torch.tensor([1.0, 0.0])])
+    assert torch.allclose(p.grad, torch.tensor([1.0, 0.5]))
+    guard.trust = 0.01                                  # τ·‖d‖ = 0.3 < 0.5: τ sets it
+    p = _param([1.0, 30.0])
+    assert guard.combine([p], [torch.tensor([1.0, 0.0])])["capped"] == 0.0
+    assert torch.allclose(p.grad, torch.tensor([1.0, 0.3]))
+
+
+@pytest.mark.parametrize("projection", ["model", "tensor"])
+def test_the_cap_measures_the_peer_term_after_both_projections(projection):
+    """‖d⊥‖ from the inner products equals the norm of the projected term formed by hand."""
+    torch.manual_seed(0)
+    g_s = [torch.randn(5), torch.randn(3)]
+    g_r = [torch.randn(5), torch.randn(3)]
+    g_m = [torch.randn(5) * 4, torch.randn(3) * 4]
+    params = [_param(g.tolist()) for g in g_m]
+    Guard(GuardConfig(memory=4, projection=projection)).combine(params, [g.clone() for g in g_s], remembered=g_r)
+    projected = torch.cat([p.grad - g for p, g in zip(params, g_s)])          # d⊥ (τ = 1, no cap)
+    params = [_param(g.tolist()) for g in g_m]
+    Guard(GuardConfig(memory=4, projection=projection, max_ratio=0.5)).combine(params, [g.clone() for g in g_s],
+                                                                                remembered=g_r)
+    capped = torch.cat([p.grad - g for p, g in zip(params, g_s)])
+    assert float(projected.norm()) > 0.5 * float(torch.cat(g_s).norm())      # so the cap acts
+    assert float(capped.norm()) == pytest.approx(0.5 * float(torch.cat(g_s).norm()), rel=1e-5)
+    assert torch.allclose(capped / capped.norm(), projected / projected.norm(), atol=1e-6)
+
+
 def test_trust_falls_when_the_last_peer_term_conflicts_with_the_next_own_gradient():
     guard = Guard(GuardConfig(trust_rate=0.25))
     p = _param([1.0, 1.0])
@@ -220,6 +262,15 @@ def test_the_memory_is_each_modes_default_unless_the_config_sets_it():
     assert memory == {"prp": 64, "xgrpo": 64, "sgt": 0, "hacpo": 64}
     for name, size in [("sgt", 16), ("xgrpo", 0)]:
         assert make_sharing(sharing_config(mode=name, guard={"memory": size}), LossConfig()).guard.config.memory == size
+
+
+def test_the_cap_is_sgts_by_default_and_any_modes_by_the_config():
+    kappa = {name: make_sharing(sharing_config(mode=name), LossConfig()).guard.config.max_ratio
+             for name in ("prp", "xgrpo", "sgt", "hacpo")}
+    assert kappa == {"prp": 0.0, "xgrpo": 0.0, "sgt": 1.0, "hacpo": 0.0}
+    for name, value in [("sgt", 0.0), ("xgrpo", 2.0)]:
+        guard = make_sharing(sharing_config(mode=name, guard={"max_ratio": value}), LossConfig()).guard
+        assert guard.config.max_ratio == value
 
 
 # --- g_s without a second backward for the samples whose advantage the mode left alone -----------------------

@@ -575,7 +575,8 @@ def tiny_trainer(tmp_path_factory):
     ("hacpo", {"hacpo_ratio_mean", "hacpo_clipped", "hacpo_lower_bound"})])
 def test_trainer_update_runs_a_plan_with_extras(tiny_trainer, name, summary):
     trainer = tiny_trainer
-    trainer.sharing = SHARING_MODES[name](sharing_config(mode=name), trainer.cfg.loss)
+    # uncapped: the plan's advantages are made up, and the tiny model's own groups may all be uniform (g_s = 0)
+    trainer.sharing = SHARING_MODES[name](sharing_config(mode=name, guard={"max_ratio": 0}), trainer.cfg.loss)
     batch = trainer.rollout(0)
     n = sum(len(g) for g in batch.samples)
     own = [s for g in batch.samples for s in g]

@@ -44,6 +44,20 @@ so to first order the update improves the own objective at least as much as solo
 (every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and τ is not updated.
 With τ = 1 and no conflict the update is the mode's own.
 
+Size (`max_ratio` = κ > 0; unset, the mode's default: 1 for SGT, no cap for the others): the peer term may
+not be larger than κ times the own gradient,
+
+    g       = g_s + min(τ, κ ‖g_s‖ / ‖d⊥‖) · d⊥              ‖d⊥‖² from the inner products above, no extra pass
+
+SGT's λ weighs an NLL against a policy gradient, quantities of different scale: the NLL of a peer's text in a
+form the receiver does not write has a gradient many times a policy gradient's, and once the update is clipped
+to max_grad_norm and Adam has normalised it, a step where that term dominates moves the policy as far as a
+whole own step, in the peer's direction, whatever λ is (on a step with no own gradient Adam's first update is
+lr·sign(d) for any λ > 0). The cap keeps the own signal at least 1/κ of the combination, and a step with no
+own gradient then takes no peer term. PRP's, XGRPO's and HACPO's peer terms are policy gradients like the
+own term; on the testbed the cap cost them up to 0.04 of final success (XGRPO at the strongest interference),
+so they are not capped by default.
+
 Costs: three gradient-sized buffers (g_s, which becomes the step's peer direction; the last step's direction;
 g_r; d and the combination are made in place of g_m), one forward and backward over
 the recalled successes per step with a peer term (with a memory), and computing g_s. An own sample whose
@@ -90,6 +104,12 @@ class GuardConfig(Section):
                                                                 "HACPO, 0 for SGT (measured not to help SGT, "
                                                                 "at the cost of a forward and backward per "
                                                                 "step).")
+    max_ratio: float | None = Field(None, ge=0, description="κ: the peer term, after projection and trust, is "
+                                                             "scaled down to at most κ times the own gradient's "
+                                                             "norm (a step with no own gradient then takes "
+                                                             "none). 0: no cap. Unset: the mode's default, 1 for "
+                                                             "SGT (its peer term is an NLL, not a policy "
+                                                             "gradient), no cap for PRP, XGRPO and HACPO.")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")
@@ -102,16 +122,18 @@ class Guard:
              "guard_projected": "guard: share of updates projected",
              "guard_hindsight": "guard: cos(last step's peer term, own gradient)",
              "guard_trust": "guard: trust τ",
-             "guard_remembered": "guard: share of updates projected against the remembered successes"}
+             "guard_remembered": "guard: share of updates projected against the remembered successes",
+             "guard_capped": "guard: share of updates whose peer term was cut to κ‖g_s‖"}
     figures = {"guard": ("guard_agreement", "guard_hindsight", "guard_projected", "guard_remembered",
-                         "guard_trust")}
+                         "guard_capped", "guard_trust")}
     cumulative = frozenset()
     summary = {"guard_trust": "mean guard trust τ"}
 
-    def __init__(self, config: GuardConfig, default_memory: int = 0):
-        """`default_memory`: the memory when `config.memory` is unset (the mode's, SharingMode.guard_memory)."""
-        if config.memory is None:
-            config = config.model_copy(update={"memory": default_memory})
+    def __init__(self, config: GuardConfig, default_memory: int = 0, default_max_ratio: float = 0.0):
+        """`default_memory`, `default_max_ratio`: the memory and κ when the config leaves them unset (the mode's,
+        SharingMode.guard_memory and guard_max_ratio)."""
+        unset = {"memory": default_memory, "max_ratio": default_max_ratio}
+        config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
         self.config, self.trust = config, 1.0
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
@@ -145,11 +167,12 @@ class Guard:
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks(),
                 remembered: list[torch.Tensor | None] | None = None) -> dict[str, float]:
-        """p.grad ← g_s + τ·d⊥ in place, where p.grad holds g_m and `solo` g_s (None: 0), and `remembered` g_r,
-        the gradient of the remembered successes' NLL (None: no memory): d⊥ is then also projected against it.
-        The evidence: agreement cos(d, g_s) and hindsight cos(last step's peer term, g_s) (nan without one),
-        projected (0 or 1; projection: tensor, the share of parameter tensors projected), and with a memory
-        remembered (0 or 1, or that share: d⊥ lowered the likelihood of the remembered successes).
+        """p.grad ← g_s + w·d⊥ in place (w = τ, with max_ratio min(τ, κ‖g_s‖/‖d⊥‖)), where p.grad holds g_m and
+        `solo` g_s (None: 0), and `remembered` g_r, the gradient of the remembered successes' NLL (None: no
+        memory): d⊥ is then also projected against it. The evidence: agreement cos(d, g_s) and hindsight
+        cos(last step's peer term, g_s) (nan without one), projected (0 or 1; projection: tensor, the share of
+        parameter tensors projected), with a memory remembered (0 or 1, or that share: d⊥ lowered the
+        likelihood of the remembered successes), and with max_ratio capped (1: w < τ).
 
         No gradient-sized buffer is allocated: d and then g_s + τ·d⊥ are made in place of g_m, and the peer
         direction kept for the next step's hindsight, τ·d⊥ = (g_s + τ·d⊥) − g_s, in place of g_s (`solo` is
@@ -173,14 +196,18 @@ class Guard:
             d_r, s_r, rr = parts[2], parts[3], parts[4]
             remembered_coefficients = _projection(self.config.projection,
                                                   [x - c * y for x, c, y in zip(d_r, coefficients, s_r)], rr)
+        weight = self.trust
+        if self.config.max_ratio:
+            peer = math.sqrt(_projected_norm_squared(dd, parts, coefficients, remembered_coefficients))
+            weight = min(weight, self.config.max_ratio * math.sqrt(ss) / peer) if peer > 0 else weight
         for p, gp, dp, c, c_r, gr in zip(params, g_s, d, coefficients, remembered_coefficients,
                                          g_r if g_r is not None else g_s):     # with no g_r, every c_r is 0
             if c:
                 dp.sub_(gp, alpha=c)
             if c_r:
                 dp.sub_(gr, alpha=c_r)
-            if self.trust != 1.0:
-                dp.mul_(self.trust)
+            if weight != 1.0:
+                dp.mul_(weight)
             dp.add_(gp)                           # g_s + τ·d⊥, in p.grad
             if p.grad is None:
                 p.grad = dp
@@ -192,6 +219,8 @@ class Guard:
                 total.add_(pp)
         evidence = {"agreement": _cos(dot, ss, dd), "projected": sum(c != 0 for c in coefficients) / max(n, 1),
                     "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
+        if self.config.max_ratio:
+            evidence["capped"] = float(weight < self.trust)
         if g_r is not None:
             evidence["remembered"] = sum(c != 0 for c in remembered_coefficients) / max(n, 1)
         return evidence
@@ -201,9 +230,10 @@ class Guard:
         peer direction becomes the next step's `previous`. The step's guard stats (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
                  "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
-        remembered = [e["remembered"] for e in evidence if "remembered" in e]
-        if remembered:
-            stats["guard_remembered"] = sum(remembered) / len(remembered)
+        for key in ("remembered", "capped"):
+            values = [e[key] for e in evidence if key in e]
+            if values:
+                stats[f"guard_{key}"] = sum(values) / len(values)
         for key in ("agreement", "hindsight"):
             values = [e[key] for e in evidence if not math.isnan(e[key])]
             if values:
@@ -217,6 +247,19 @@ class Guard:
                 self.previous, self._previous_ss = self._direction, ss
         self._direction = None
         return stats
+
+
+def _projected_norm_squared(dd: float, parts: list[list[float]], c: list[float], c_r: list[float]) -> float:
+    """‖d⊥‖² for d⊥_p = d_p − c_p g_s,p − c_r,p g_r,p, from ‖d‖² and the per-tensor products `parts`
+    (⟨d, g_s⟩, ‖g_s‖², and with g_r ⟨d, g_r⟩, ⟨g_s, g_r⟩, ‖g_r‖²):
+
+        ‖d⊥‖² = ‖d‖² + Σ_p [c_p² ‖g_s,p‖² − 2c_p ⟨d_p, g_s,p⟩
+                           + c_r,p (c_r,p ‖g_r,p‖² − 2⟨d_p, g_r,p⟩ + 2c_p ⟨g_s,p, g_r,p⟩)]
+    """
+    total = dd + sum(x * x * ss - 2 * x * ds for x, ds, ss in zip(c, parts[0], parts[1]))
+    if len(parts) > 2:
+        total += sum(y * (y * rr - 2 * dr + 2 * x * sr) for x, y, dr, sr, rr in zip(c, c_r, *parts[2:]))
+    return max(total, 0.0)
 
 
 def _projection(where: str, dots: list[float], norms: list[float]) -> list[float]:

@@ -155,12 +155,14 @@ class SharingMode:
     cumulative: ClassVar[frozenset[str]] = frozenset()
     summary: ClassVar[dict[str, str]] = {}
     guard_memory: ClassVar[int] = 64        # sharing.guard.memory when the config leaves it unset
+    guard_max_ratio: ClassVar[float] = 0.0  # sharing.guard.max_ratio when unset (0: no cap)
 
     def __init__(self, sharing, loss):
         """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig. A mode that takes peers' experience
         has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
-        self.guard = Guard(sharing.guard, self.guard_memory) if self.kinds and sharing.guard.enabled else None
+        guarded = self.kinds and sharing.guard.enabled
+        self.guard = Guard(sharing.guard, self.guard_memory, self.guard_max_ratio) if guarded else None
 
     def state(self) -> dict:
         """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):

@@ -63,6 +63,7 @@ class SGT(SharingMode):
     title = "SGT — Success-Gated Transfer"
     kinds = ("success",)
     guard_memory = 0        # on the testbed the memory moved SGT's final success by ≤ 0.023, never significantly
+    guard_max_ratio = 1.0   # its peer term is an NLL, whose gradient can dwarf the policy gradient (mrl_trainer.guard)
     Config = SGTConfig
     stats = {"sgt_rescued": "SGT prompts rescued", "sgt_accepted": "SGT peer successes accepted",
              "sgt_rejected": "SGT peer successes rejected", "sgt_nll": "SGT NLL of the rescued responses"}
