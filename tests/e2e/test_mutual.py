@@ -43,10 +43,10 @@ def _publish_successes(target: str, run_id: str, trainer: Trainer, answer_of) ->
         client.publish(experiences)
 
 
-def _sgt_step(tmp_path, exchange, run_id, answer_of):
+def _sgt_step(tmp_path, exchange, run_id, answer_of, guard=None):
     config = TrainerConfig.model_validate(tiny_config(
         tmp_path / "sgt", run_id=run_id, steps=1, exchange={"target": exchange.target, "tokenizer_id": "gpt2"},
-        sharing={"mode": "sgt", "peers": ["poison"], "peer_wait_s": 10}))
+        sharing={"mode": "sgt", "peers": ["poison"], "peer_wait_s": 10, "guard": guard or {}}))
     with ExchangeClient(exchange.target) as client:
         trainer = build_trainer(config, exchange=client)
         try:
@@ -75,11 +75,23 @@ def test_sgt_rejects_a_poisoned_peer_and_changes_nothing(tmp_path, exchange, run
 
 
 def test_sgt_rescues_with_a_peer_whose_successes_verify(tmp_path, exchange, run_id):
-    record, weights, _ = _sgt_step(tmp_path, exchange, run_id, lambda p: p.answer)
+    """With no size cap (max_ratio 0) a verified rescue moves the weights even on a step whose own groups all
+    failed."""
+    record, weights, _ = _sgt_step(tmp_path, exchange, run_id, lambda p: p.answer, guard={"max_ratio": 0})
     _, solo = _solo_step(tmp_path)
     assert record["sgt_rejected"] == 0 and record["sgt_rescued"] >= 1 and record["extras"] == record["sgt_rescued"]
     assert record["sgt_nll"] > 0
     assert any(not torch.equal(weights[k], solo[k]) for k in solo)
+
+
+def test_sgts_default_size_cap_takes_no_peer_step_where_the_policy_has_no_gradient_of_its_own(
+        tmp_path, exchange, run_id):
+    """SGT's default cap, ‖peer term‖ ≤ 1·‖g_s‖: the tiny policy fails every own group, so g_s = 0 and the
+    rescue, though verified, leaves the update solo's."""
+    record, weights, _ = _sgt_step(tmp_path, exchange, run_id, lambda p: p.answer)
+    _, solo = _solo_step(tmp_path)
+    assert record["sgt_rescued"] >= 1 and record["guard_capped"] == 1
+    assert all(torch.equal(weights[k], solo[k]) for k in solo)
 
 
 @pytest.mark.parametrize("coupling", ["lockstep", "async"])
