@@ -23,7 +23,9 @@ Each service installed (entry points `mrl.services`) is a child process (`python
 serve`, mrl_serving.processes) that prints one JSON "ready" line with its ports; a service's
 default ports are its settings' defaults. Each trainer is a child `mrl trainer run CONFIG` pointed at the
 services (exchange.target, sharing.align.target, scheduler.target), with its checkpoints and
-metrics under data_dir/<policy>/; with `ranks: N` > 1 it is `torchrun --standalone --nproc-per-node N -m mrl.cli
+metrics under data_dir/<policy>/; a trainer with a warm start does it first (`mrl trainer warm-start`, all
+of them at once, into the model cache), so that no policy starts its steps while a peer is still
+warm-starting; with `ranks: N` > 1 it is `torchrun --standalone --nproc-per-node N -m mrl.cli
 trainer run CONFIG`. With trainers, `up` returns when they have all finished
 (and the report is written); without, it serves until Ctrl-C. Ctrl-C (or SIGTERM) asks the
 trainers to finish their step and checkpoint (under torchrun: its ranks, not torchrun itself, which would
@@ -69,10 +71,13 @@ def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pa
     return str(path), policy, overrides
 
 
-def _start_trainer(path: str, overrides: dict, threads: int, ranks: int = 1) -> subprocess.Popen:
-    """`mrl trainer run` of one trainer, under torchrun when ranks > 1 (each rank threads // ranks threads)."""
-    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
-    args = [sys.executable, *launch, "-m", "mrl.cli", "trainer", "run", path]
+def _start_trainer(path: str, overrides: dict, threads: int, ranks: int = 1,
+                   command: str = "run") -> subprocess.Popen:
+    """`mrl trainer run` of one trainer, under torchrun when ranks > 1 (each rank threads // ranks threads); or
+    another `mrl trainer` command on the same config (`warm-start`, in one process)."""
+    launch = (["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+              if ranks > 1 and command == "run" else [])
+    args = [sys.executable, *launch, "-m", "mrl.cli", "trainer", command, path]
     for key, value in overrides.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
     threads = str(max(1, threads // ranks))
@@ -196,9 +201,13 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
         stack.callback(_stop_trainers, trainers, results)   # runs before the services and Redis stop
         specs = config.get("trainers") or []
         threads = max(1, (cpus or os.cpu_count() or 1) // max(len(specs), 1))
-        for spec in specs:
-            path, policy, extra = _trainer_overrides(spec, base, config.get("run_id", "local"), data_dir, running)
+        starts = [(spec, *_trainer_overrides(spec, base, config.get("run_id", "local"), data_dir, running))
+                  for spec in specs]
+        for *_, extra in starts:
             extra.update(overrides or {})
+        if not _warm_starts({policy: (path, extra) for _, path, policy, extra in starts}, threads, stop):
+            return results      # stopped during the warm starts: no trainer started
+        for spec, path, policy, extra in starts:
             ranks = spec.get("ranks", 1)
             trainers[policy] = (_start_trainer(path, extra, threads, ranks), extra["metrics.jsonl"])
             shown = f", {ranks} ranks under torchrun" if ranks > 1 else ""
@@ -211,6 +220,32 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
             if trainers and all(proc.poll() is not None for proc, _ in trainers.values()):
                 break
     return results
+
+
+def _warm_starts(trainers: dict, threads: int, stop: threading.Event) -> bool:
+    """Run `mrl trainer warm-start` for each trainer {policy: (config path, overrides)} whose config has a warm
+    start, all at once, and wait for them: no policy takes its first step (and waits for its peers' first) while a
+    peer is still warm-starting. False when `stop` was set meanwhile (they are asked to stop and waited for);
+    RunFailed when one fails."""
+    from mrl_trainer.config import load_config
+    pending = {policy: _start_trainer(path, extra, threads, command="warm-start")
+               for policy, (path, extra) in trainers.items() if load_config(path, extra).warm_start}
+    if pending:
+        print(f"  warm starts first: {', '.join(pending)}", flush=True)
+    try:
+        while any(proc.poll() is None for proc in pending.values()):
+            if stop.wait(0.5):
+                return False
+    finally:
+        for proc in pending.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)     # it stops before its next supervised step
+        for proc in pending.values():
+            proc.wait()
+    failed = {policy: proc.returncode for policy, proc in pending.items() if proc.returncode != 0}
+    if failed:
+        raise RunFailed(f"warm starts failed (exit codes {failed})")
+    return True
 
 
 def _stop_trainers(trainers: dict, results: dict) -> None:

@@ -5,6 +5,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -125,6 +126,55 @@ def test_up_with_a_trainer_stops_it_cleanly_on_ctrl_c(tmp_path, ranks):
     assert summary["stopped_early"] and summary["step"] >= 2 and summary["ranks"] == ranks
     assert (tmp_path / "d" / "tiny" / "checkpoints" / "latest").is_file()
     assert not (tmp_path / "d" / "redis" / "redis.sock").exists()
+
+
+def _warm_topology(tmp_path, warm_steps: int) -> pathlib.Path:
+    """Two tiny trainers, `b` with a warm start of `warm_steps` steps, `a` without."""
+    from helpers import tiny_config
+    for policy, extra in (("a", {}), ("b", {"warm_start.steps": warm_steps, "warm_start.batch_size": 4})):
+        trainer = tiny_config(tmp_path, policy=policy, **extra)
+        (tmp_path / f"{policy}.yaml").write_text(yaml.safe_dump(trainer))
+    config = tmp_path / "topology.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": "d", "exchange": None, "tokenizer_align": None,
+                                      "scheduler": None, "trainers": [{"config": "a.yaml"}, {"config": "b.yaml"}]}))
+    return config
+
+
+def test_up_warm_starts_every_policy_before_any_trainer_starts(tmp_path):
+    """A policy's first step must not wait for (or run without) a peer that is still warm-starting."""
+    env = {**os.environ, "MRL_MODEL_CACHE": str(tmp_path / "models")}
+    done = subprocess.run([sys.executable, "-m", "mrl.cli", "up", str(_warm_topology(tmp_path, 30))],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "warm starts first: b" in done.stdout and "trainer b: exit code 0" in done.stdout
+    lines = done.stderr.splitlines()
+    trained = next(i for i, line in enumerate(lines) if line.startswith("[b] warm start: 30 steps"))
+    first_step = next(i for i, line in enumerate(lines) if line.startswith(("[a] step", "[b] step")))
+    assert trained < first_step
+    assert "[b] warm start: loaded from the cache" in done.stderr
+
+
+def test_ctrl_c_during_the_warm_starts_stops_up_before_any_trainer_starts(tmp_path):
+    env = {**os.environ, "MRL_MODEL_CACHE": str(tmp_path / "models")}
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(_warm_topology(tmp_path, 100_000))],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "warm starts first" in line:
+                break
+        locks = tmp_path / "models" / ".locks"
+        deadline = time.monotonic() + 90
+        while not (locks.is_dir() and any(locks.iterdir())):     # b is warm-starting
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)      # 100,000 warm-start steps would take hours
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "mrl up: stopped" in out and "trainer a" not in out and not (tmp_path / "d" / "a").exists()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [".locks"]
 
 
 @pytest.mark.parametrize("entry, error", [

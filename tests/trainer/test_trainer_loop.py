@@ -2,6 +2,7 @@
 rollouts and their log-probs, micro-batching, metrics, checkpoint and resume (also after SIGKILL),
 publishing to a real exchange, and clean stops on bad config, a raising verifier or a NaN loss."""
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -417,3 +418,40 @@ def test_a_resumed_trainer_keeps_the_initial_policy_as_its_kl_reference(tmp_path
     assert not all(torch.equal(a, b) for a, b in zip(initial, resumed.model.parameters())), "the update changed nothing"
     assert all(torch.equal(a, b) for a, b in zip(initial, resumed.reference.parameters()))
     resumed.close()
+
+
+def test_sigterm_during_a_warm_start_stops_it_and_exits_0_at_step_0(tmp_path):
+    path = write_config(tmp_path, **{"warm_start.steps": 100_000, "warm_start.batch_size": 4})
+    cache = tmp_path / "models"
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "trainer", "run", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MRL_MODEL_CACHE": str(cache)})
+    deadline = time.monotonic() + 90
+    while not (cache / ".locks").is_dir() or not any((cache / ".locks").iterdir()):   # it is warm-starting
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)            # 100,000 steps would take hours
+    assert proc.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["step"] == 0 and summary["stopped_early"] and "nothing cached" in err
+    assert [p.name for p in cache.iterdir()] == [".locks"] and latest_checkpoint(tmp_path / "ckpt") is None
+
+
+def test_warm_start_command_caches_what_the_run_then_loads(tmp_path):
+    path = write_config(tmp_path, **{"warm_start.steps": 3, "warm_start.batch_size": 4})
+    env = {**os.environ, "MRL_MODEL_CACHE": str(tmp_path / "models")}
+    outcomes = []
+    for _ in range(2):
+        done = _mrl("trainer", "warm-start", str(path), env=env)
+        assert done.returncode == 0, done.stderr
+        outcomes.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert outcomes == [{"policy": "tiny", "warm_start": "trained"}, {"policy": "tiny", "warm_start": "cached"}]
+    done = _mrl("trainer", "run", str(path), "--set", "steps=1", env=env)
+    assert done.returncode == 0 and "warm start: loaded from the cache" in done.stderr, done.stderr
+    again = _mrl("trainer", "warm-start", str(path), env=env)          # a checkpoint is resumed instead
+    assert json.loads(again.stdout.strip().splitlines()[-1])["warm_start"] == "resumes"
+    (tmp_path / "plain").mkdir()
+    plain = _mrl("trainer", "warm-start", str(write_config(tmp_path / "plain")), env=env)
+    assert json.loads(plain.stdout.strip().splitlines()[-1])["warm_start"] == "none"

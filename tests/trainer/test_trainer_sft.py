@@ -2,6 +2,8 @@
 tokenizer: the target is what the verifier accepts, the loss falls, results are cached atomically
 under a key and spec, and bad specs are refused."""
 import copy
+import pathlib
+import threading
 
 import pytest
 import torch
@@ -46,6 +48,11 @@ def run(policy, task, key="k", system_prompt=None, **spec):
                       system_prompt=system_prompt, seed=0, cache_key=key, device="cpu")
 
 
+def entries(model_cache) -> list[pathlib.Path]:
+    """The cache's entries (and any temporary folder), without the folder of locks."""
+    return sorted(p for p in model_cache.iterdir() if p.name != ".locks")
+
+
 def weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -79,7 +86,7 @@ def test_the_second_call_loads_the_cache_with_identical_weights(tiny, task, mode
     trained = run(first, task, steps=5)
     assert torch.equal(torch.get_rng_state(), rng)          # the caller's RNG is left as it was
     assert trained["cached"] is False
-    assert [p.name for p in model_cache.iterdir()] == [cache_folder(
+    assert [p.name for p in entries(model_cache)] == [cache_folder(
         WarmStartConfig(steps=5, batch_size=8), system_prompt=None, seed=0, cache_key="k").name]
     initial = weights(second[0])
     loaded = run(second, task, steps=5)
@@ -99,7 +106,7 @@ def test_a_different_spec_seed_prompt_or_key_is_another_entry(policy, task, mode
     for variant in variants:
         model.load_state_dict(start)
         assert run(policy, task, **{"steps": 2, **variant})["cached"] is False
-    assert len([p for p in model_cache.iterdir() if p.name.startswith("sft-")]) == len(variants)
+    assert len([p for p in entries(model_cache) if p.name.startswith("sft-")]) == len(variants)
     assert cache_folder(WarmStartConfig(), system_prompt=None, seed=0, cache_key="k") != \
         cache_folder(WarmStartConfig(), system_prompt=None, seed=1, cache_key="k")
     # `cache` only says whether to use the cache: it is not part of the entry's identity
@@ -109,9 +116,9 @@ def test_a_different_spec_seed_prompt_or_key_is_another_entry(policy, task, mode
 
 def test_cache_false_reads_and_writes_nothing(policy, task, model_cache):
     assert run(policy, task, steps=2)["cached"] is False
-    entries = sorted(model_cache.iterdir())
+    before = entries(model_cache)
     assert run(policy, task, steps=2, cache=False)["cached"] is False
-    assert sorted(model_cache.iterdir()) == entries
+    assert entries(model_cache) == before
 
 
 def test_a_failed_write_leaves_no_entry_and_trains_again(policy, task, model_cache, monkeypatch):
@@ -121,7 +128,7 @@ def test_a_failed_write_leaves_no_entry_and_trains_again(policy, task, model_cac
         raise OSError("disk full")
     monkeypatch.setattr(sft, "save_model", crash)
     assert run(policy, task, steps=2)["cached"] is False
-    assert list(model_cache.iterdir()) == []                 # neither the entry nor its temporary folder
+    assert entries(model_cache) == []                        # neither the entry nor its temporary folder
     monkeypatch.undo()
     monkeypatch.setenv("MRL_MODEL_CACHE", str(model_cache))
     assert run(policy, task, steps=2)["cached"] is False
@@ -140,3 +147,48 @@ def test_a_cache_key_that_is_not_a_plain_name_is_refused(policy, task):
     for key in ("", "../escape", "a/b"):
         with pytest.raises(TrainerError, match="cache_key"):
             run(policy, task, key=key, steps=1)
+
+
+def test_asked_to_stop_it_ends_before_its_next_step_and_caches_nothing(policy, task, model_cache):
+    asked = []
+
+    def should_stop():
+        asked.append(1)
+        return len(asked) > 3              # three steps, then stop
+    model, tokenizer = policy
+    with pytest.raises(sft.WarmStartStopped, match="step 3 of 50"):
+        warm_start(model, tokenizer, task, WarmStartConfig(steps=50, batch_size=8), system_prompt=None, seed=0,
+                   cache_key="k", device="cpu", should_stop=should_stop)
+    assert entries(model_cache) == []
+
+
+def test_two_callers_of_one_entry_at_once_train_it_once(tiny, task, model_cache):
+    """Two arms of one seed start together: one trains, the other waits for its lock and loads what it stored."""
+    policies = [(copy.deepcopy(tiny[0]), tiny[1]) for _ in range(2)]
+    stats = [None, None]
+
+    def one(i):
+        stats[i] = run(policies[i], task, steps=6)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(s["cached"] for s in stats) == [False, True]
+    a, b = (weights(m) for m, _ in policies)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_waiting_for_another_callers_lock_it_can_be_stopped(policy, task, model_cache, monkeypatch):
+    import fcntl
+    monkeypatch.setattr(sft, "LOCK_POLL_S", 0.01)
+    folder = cache_folder(WarmStartConfig(steps=2, batch_size=8), system_prompt=None, seed=0, cache_key="k")
+    (folder.parent / ".locks").mkdir(parents=True)
+    with open(folder.parent / ".locks" / folder.name, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)               # another process is training this entry
+        asked = []
+        model, tokenizer = policy
+        with pytest.raises(sft.WarmStartStopped, match="another process"):
+            warm_start(model, tokenizer, task, WarmStartConfig(steps=2, batch_size=8), system_prompt=None, seed=0,
+                       cache_key="k", device="cpu", should_stop=lambda: asked.append(1) or len(asked) > 5)
+    assert len(asked) == 6 and entries(model_cache) == []

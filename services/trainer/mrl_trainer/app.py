@@ -1,6 +1,7 @@
 """`mrl trainer run CONFIG`: train one policy until its steps are done or SIGINT/SIGTERM arrives.
 
-A signal finishes the step under way, writes a checkpoint and exits 0; a bad config, model or
+A signal finishes the step under way, writes a checkpoint and exits 0 (during a warm start: stops it
+before its next supervised step, caching nothing, and exits 0 at step 0); a bad config, model or
 data, a verifier that raises or a non-finite loss prints one clear error and exits 2, leaving the
 last checkpoint intact (a NaN step is never checkpointed). The last line printed is a JSON summary;
 its `unpublished` counts the experiences still waiting in the outbox (outbox.py) for the exchange.
@@ -12,6 +13,11 @@ experience waits in the outbox and training goes on.
 Under torchrun (`torchrun --nproc-per-node N -m mrl.cli trainer run CONFIG`) every rank runs this: the
 policy is sharded over the N ranks (mrl_trainer.distributed), rank 0 alone connects to the exchange and
 prints the summary.
+
+`mrl trainer warm-start CONFIG` does the run's warm start (warm_start set, no checkpoint to resume) into
+the model cache and exits, printing {"policy", "warm_start": none | resumes | cached | trained | stopped}:
+a launcher runs it for every policy first, so that no policy takes its first step while a peer it waits
+for is still warm-starting.
 """
 import contextlib
 import json
@@ -26,8 +32,9 @@ import yaml
 from mrl_trainer.config import load_config
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.outbox import Outbox
+from mrl_trainer.sft import WarmStartStopped
 
-__all__ = ["run", "parse_overrides"]
+__all__ = ["run", "warm_start", "parse_overrides"]
 
 PUBLISH_BUDGET_S = 10.0
 
@@ -53,9 +60,8 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
     ranks = distributed.setup() if distributed.under_torchrun() else distributed.Ranks()
     rank = f" rank {ranks.rank}/{ranks.world}" if ranks.sharded else ""
     logging.basicConfig(level=logging.INFO, format=f"[{config.policy}{rank}] %(message)s", stream=sys.stderr)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
+    state = trainer = None
     with contextlib.ExitStack() as stack:
         if ranks.sharded:
             stack.push(lambda failed, *_: distributed.teardown(wait=failed is None))
@@ -65,21 +71,51 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
             exchange = stack.enter_context(ExchangeClient(
                 config.exchange.target, config.exchange.token or os.environ.get("MRL_TOKEN"),
                 backoff=Backoff(attempts=None, budget_s=PUBLISH_BUDGET_S)))
-        trainer = build_trainer(config, exchange=exchange, ranks=ranks)
-        stack.callback(trainer.close)
-        if trainer.resumed_from and ranks.main:
-            print(f"mrl trainer: resumed from {trainer.resumed_from} at step {trainer.state.step}", file=sys.stderr)
-        if exchange is not None:
-            _send_outbox(trainer)
-        state = trainer.run(should_stop=stop.is_set)
-        summary = {"policy": config.policy, "step": state.step, "steps": config.steps,
-                   "rollouts_total": state.rollouts_total, "stopped_early": state.step < config.steps,
-                   "unpublished": Outbox(config.checkpoint.dir).pending(), "ranks": ranks.world,
-                   "checkpoint_dir": config.checkpoint.dir,
-                   "metrics": str(trainer.metrics.path) if trainer.metrics else None}
+        try:
+            trainer = build_trainer(config, exchange=exchange, ranks=ranks, should_stop=stop.is_set)
+        except WarmStartStopped as exc:
+            print(f"mrl trainer: {exc}; nothing cached", file=sys.stderr)
+        if trainer is not None:
+            stack.callback(trainer.close)
+            if trainer.resumed_from and ranks.main:
+                print(f"mrl trainer: resumed from {trainer.resumed_from} at step {trainer.state.step}",
+                      file=sys.stderr)
+            if exchange is not None:
+                _send_outbox(trainer)
+            state = trainer.run(should_stop=stop.is_set)
+    step = state.step if state else 0
+    summary = {"policy": config.policy, "step": step, "steps": config.steps,
+               "rollouts_total": state.rollouts_total if state else 0, "stopped_early": step < config.steps,
+               "unpublished": Outbox(config.checkpoint.dir).pending(), "ranks": ranks.world,
+               "checkpoint_dir": config.checkpoint.dir,
+               "metrics": str(trainer.metrics.path) if trainer and trainer.metrics else None}
     if ranks.main:
         print(json.dumps(summary), flush=True)
     return summary
+
+
+def warm_start(config_path: str, overrides: dict | None = None) -> dict:
+    """`mrl trainer warm-start`: the run's warm start alone (module docstring); prints and returns its outcome."""
+    from mrl_trainer.trainer import prepare_warm_start
+    config = load_config(config_path, overrides)
+    logging.basicConfig(level=logging.INFO, format=f"[{config.policy}] %(message)s", stream=sys.stderr)
+    stop = _stop_on_signals()
+    try:
+        outcome = prepare_warm_start(config, should_stop=stop.is_set)
+    except WarmStartStopped as exc:
+        print(f"mrl trainer: {exc}; nothing cached", file=sys.stderr)
+        outcome = "stopped"
+    result = {"policy": config.policy, "warm_start": outcome}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _stop_on_signals() -> threading.Event:
+    """An Event that SIGINT and SIGTERM set (the loop and the warm start ask it between steps)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _send_outbox(trainer) -> None:

@@ -1,7 +1,7 @@
 """The trainer's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
 from mrl_serving.commands import bench_command
 
-__all__ = ["run", "bench", "bench_guard", "bench_hacpo", "add_overrides"]
+__all__ = ["run", "warm_start", "bench", "bench_guard", "bench_hacpo", "add_overrides"]
 
 
 def add_overrides(parser, what: str = "a config field") -> None:
@@ -18,6 +18,19 @@ def run(parser):
         from mrl_trainer.app import parse_overrides
         from mrl_trainer.app import run as run_trainer
         run_trainer(args.config, parse_overrides(args.overrides))
+    return go
+
+
+def warm_start(parser):
+    """do a trainer config's supervised warm start into the model cache and exit (a launcher runs it for every
+    policy before the first RL step)"""
+    parser.add_argument("config", help="YAML trainer config with a warm_start section")
+    add_overrides(parser)
+
+    def go(args) -> None:
+        from mrl_trainer.app import parse_overrides
+        from mrl_trainer.app import warm_start as prepare
+        prepare(args.config, parse_overrides(args.overrides))
     return go
 
 

@@ -24,7 +24,16 @@ where `cache_key` is the caller's hash of the model spec and the task spec. The 
 in a temporary folder beside it and moved into place with os.replace, so a crash never leaves a
 partial entry under that name; a later call with the same key, spec, seed and system prompt loads
 it instead of training (stats["cached"] = True). With cache = False nothing is read or written.
+Processes wanting the same entry at once (two arms of one seed in `mrl experiment compare`) train it
+once: each holds an exclusive lock on model_cache_dir()/.locks/<entry name> while it looks, trains and
+stores, so the others wait and then load what the first stored.
+
+`should_stop` (a callable) is asked before each supervised step and while waiting for that lock; once
+it answers True the pass ends with WarmStartStopped, nothing cached, so a trainer asked to stop
+(SIGINT/SIGTERM) does not finish a long warm start first.
 """
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -46,7 +55,7 @@ from mrl_trainer.policy import prompt_ids
 from mrl_trainer.section import Section
 from mrl_trainer.tasks import Problem, Task
 
-__all__ = ["WarmStartConfig", "warm_start", "response_text", "response_ids", "response_nll", "cache_folder",
+__all__ = ["WarmStartConfig", "WarmStartStopped", "warm_start", "response_text", "response_ids", "response_nll", "cache_folder",
            "SFT_VERSION"]
 
 log = logging.getLogger("mrl.trainer")
@@ -54,6 +63,11 @@ SFT_VERSION = 1          # bump when the objective or the target format changes:
 WARMUP_FRACTION = 0.05   # of the steps, linear warm-up of the learning rate
 MAX_GRAD_NORM = 1.0
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
+LOCK_POLL_S = 0.5        # how often a process waiting for another's warm start asks should_stop
+
+
+class WarmStartStopped(Exception):
+    """should_stop answered True during the warm start: nothing was cached."""
 
 
 class WarmStartConfig(Section):
@@ -114,7 +128,8 @@ def _lr_factor(step: int, steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
-def _train(model, tokenizer, task: Task, spec: WarmStartConfig, system_prompt: str | None) -> tuple[float, float]:
+def _train(model, tokenizer, task: Task, spec: WarmStartConfig, system_prompt: str | None,
+           should_stop) -> tuple[float, float]:
     """Run the supervised pass in place; (first, last) batch loss."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, spec.steps))
@@ -123,6 +138,8 @@ def _train(model, tokenizer, task: Task, spec: WarmStartConfig, system_prompt: s
     losses = []
     try:
         for step in range(spec.steps):
+            if should_stop():
+                raise WarmStartStopped(f"stopped at warm-start step {step} of {spec.steps}")
             loss = response_nll(model, tokenizer, task.batch(step, spec.batch_size, split="train"), system_prompt)
             if not torch.isfinite(loss):
                 raise TrainerError(f"warm start: non-finite loss ({loss.item()}) at step {step}; lower warm_start.lr")
@@ -167,27 +184,55 @@ def _load(model, folder: pathlib.Path, device) -> dict:
     return meta
 
 
+@contextlib.contextmanager
+def _exclusive(folder: pathlib.Path, should_stop):
+    """Hold the lock of cache entry `folder` (module docstring); WarmStartStopped if asked to stop while waiting.
+    Without a writable cache folder there is no lock (and _store will only log that it cannot cache)."""
+    locks = folder.parent / ".locks"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        handle = open(locks / folder.name, "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if should_stop():
+                    raise WarmStartStopped("stopped while another process trained the same warm start") from None
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def warm_start(model, tokenizer, task: Task, spec: WarmStartConfig, *, system_prompt: str | None, seed: int,
-               cache_key: str, device) -> dict:
+               cache_key: str, device, should_stop=lambda: False) -> dict:
     """Fit `model` in place to the task's reference responses (module docstring), or load the cached result.
 
     Returns {"steps", "initial_loss", "final_loss", "seconds", "cached"}: the losses are those of the
-    first and last batch (of the run that trained, when cached), seconds are this call's.
+    first and last batch (of the run that trained, when cached), seconds are this call's. Raises
+    WarmStartStopped once `should_stop()` is True (the model is then part-trained: discard it).
     """
     start = time.perf_counter()
-    folder = cache_folder(spec, system_prompt=system_prompt, seed=seed, cache_key=cache_key)
-    if spec.cache and (folder / "sft.json").exists():
-        meta = _load(model, folder, device)
-        return {"steps": spec.steps, "initial_loss": meta["initial_loss"], "final_loss": meta["final_loss"],
-                "seconds": time.perf_counter() - start, "cached": True}
-    device = torch.device(device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        initial, final = _train(model, tokenizer, task, spec, system_prompt)
-    seconds = time.perf_counter() - start
-    if spec.cache:
-        _store(model, folder, {"version": SFT_VERSION, "cache_key": cache_key, "spec": spec.model_dump(),
-                               "seed": seed, "system_prompt": system_prompt, "initial_loss": initial,
-                               "final_loss": final, "seconds": seconds})
+    folder = cache_folder(spec, system_prompt=system_prompt, seed=seed, cache_key=cache_key) if spec.cache else None
+    with _exclusive(folder, should_stop) if folder else contextlib.nullcontext():
+        if folder and (folder / "sft.json").exists():
+            meta = _load(model, folder, device)
+            return {"steps": spec.steps, "initial_loss": meta["initial_loss"], "final_loss": meta["final_loss"],
+                    "seconds": time.perf_counter() - start, "cached": True}
+        device = torch.device(device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            initial, final = _train(model, tokenizer, task, spec, system_prompt, should_stop)
+        seconds = time.perf_counter() - start
+        if folder:
+            _store(model, folder, {"version": SFT_VERSION, "cache_key": cache_key, "spec": spec.model_dump(),
+                                   "seed": seed, "system_prompt": system_prompt, "initial_loss": initial,
+                                   "final_loss": final, "seconds": seconds})
     return {"steps": spec.steps, "initial_loss": initial, "final_loss": final, "seconds": seconds,
             "cached": False}

@@ -59,7 +59,7 @@ from mrl_trainer.sharing.sgt import SGT
 from mrl_trainer.tasks import Problem, make_task
 from mrl_trainer.update import update
 
-__all__ = ["Trainer", "build_trainer"]
+__all__ = ["Trainer", "build_trainer", "prepare_warm_start"]
 
 log = logging.getLogger("mrl.trainer")
 
@@ -73,7 +73,8 @@ def _step_line(step: int, steps: int, record: dict) -> str:
             f"update {record['update_s']:.1f} s{extra}")
 
 
-def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks()) -> "Trainer":
+def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
+                  should_stop=lambda: False) -> "Trainer":
     """The Trainer of `config`, with every collaborator made from it.
 
     The policy is loaded (resumed from the latest checkpoint in checkpoint.dir when there is one,
@@ -81,21 +82,19 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks()) 
     sharing mode that takes peers' experience, the peer inbox on `exchange` and the THL client;
     with `scheduler` configured, the lease client; the metrics sink. `exchange`: an
     mrl.ExchangeClient to publish to and subscribe from (None: solo); it stays the caller's to close,
-    everything else closes with the trainer. Under torchrun (`ranks` from distributed.setup) every rank builds
+    everything else closes with the trainer. `should_stop` cuts a warm start short (sft.WarmStartStopped).
+    Under torchrun (`ranks` from distributed.setup) every rank builds
     one: the model (and the KL reference) sharded, and only rank 0 with the exchange, the peer inbox, the
     scheduler client and the metrics sink.
     """
-    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if config.device == "auto" else config.device)
-    random.seed(config.seed)
-    np.random.seed(config.seed)
-    model, tokenizer = load_policy(config.model, device, seed=config.seed)
+    device = _device(config)
+    model, tokenizer = _seeded_policy(config, device)
     task = make_task(config.task)
     found = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.resume else None
     if config.warm_start and not found:
         for turn in (True, False):     # rank 0 first: it trains and caches, the others then load the cache
             if ranks.main == turn:
-                _warm_start(config, model, tokenizer, task, device)
+                _warm_start(config, model, tokenizer, task, device, should_stop)
             ranks.barrier()
     # the KL anchor is the initial policy (after any warm start), never a resumed checkpoint's weights
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.loss.beta > 0 else None
@@ -138,15 +137,42 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks()) 
         raise
 
 
-def _warm_start(config: TrainerConfig, model, tokenizer, task, device) -> None:
-    """The supervised warm start, cached by model, task and warm-start settings (sft.py)."""
+def _device(config: TrainerConfig) -> torch.device:
+    return torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                        else "cpu" if config.device == "auto" else config.device)
+
+
+def _seeded_policy(config: TrainerConfig, device: torch.device):
+    """(model, tokenizer) of config.model, with Python's and NumPy's RNGs seeded first."""
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    return load_policy(config.model, device, seed=config.seed)
+
+
+def prepare_warm_start(config: TrainerConfig, should_stop=lambda: False) -> str:
+    """Do what build_trainer would do first, the warm start into the cache, and nothing else, so that a launcher
+    can warm-start every policy before any of them takes its first RL step. Returns "none" (no warm start set),
+    "resumes" (a checkpoint will be resumed instead), "cached" or "trained"; sft.WarmStartStopped if stopped."""
+    if not config.warm_start:
+        return "none"
+    if config.checkpoint.resume and latest_checkpoint(config.checkpoint.dir):
+        return "resumes"
+    device = _device(config)
+    model, tokenizer = _seeded_policy(config, device)
+    stats = _warm_start(config, model, tokenizer, make_task(config.task), device, should_stop)
+    return "cached" if stats["cached"] else "trained"
+
+
+def _warm_start(config: TrainerConfig, model, tokenizer, task, device, should_stop) -> dict:
+    """The supervised warm start, cached by model, task and warm-start settings (sft.py); its stats."""
     key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
                           digest_size=8).hexdigest()
     stats = warm_start(model, tokenizer, task, config.warm_start, system_prompt=config.system_prompt,
-                       seed=config.seed, cache_key=key, device=device)
+                       seed=config.seed, cache_key=key, device=device, should_stop=should_stop)
     log.info("warm start: %s", "loaded from the cache" if stats["cached"] else
              f"{stats['steps']} steps, loss {stats['initial_loss']:.3f} → {stats['final_loss']:.3f}, "
              f"{stats['seconds']:.0f} s")
+    return stats
 
 
 def _align_client(config: TrainerConfig, closing: contextlib.ExitStack):
