@@ -82,9 +82,8 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
     sharing mode that takes peers' experience, the peer inbox on `exchange` and the THL client;
     with `scheduler` configured, the lease client; the metrics sink. `exchange`: an
     mrl.ExchangeClient to publish to and subscribe from (None: solo); it stays the caller's to close,
-    everything else closes with the trainer. `should_stop` cuts a warm start short (sft.WarmStartStopped).
-    Under torchrun (`ranks` from distributed.setup) every rank builds
-    one: the model (and the KL reference) sharded, and only rank 0 with the exchange, the peer inbox, the
+    everything else closes with the trainer. `should_stop` cuts a warm start short (sft.WarmStartStopped; not
+    under torchrun). Under torchrun (`ranks` from distributed.setup) every rank builds one: the model (and the KL reference) sharded, and only rank 0 with the exchange, the peer inbox, the
     scheduler client and the metrics sink.
     """
     device = _device(config)
@@ -94,7 +93,8 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
     if config.warm_start and not found:
         for turn in (True, False):     # rank 0 first: it trains and caches, the others then load the cache
             if ranks.main == turn:
-                _warm_start(config, model, tokenizer, task, device, should_stop)
+                # sharded, the other ranks wait in the barrier: a rank 0 that stopped alone would leave them there
+                _warm_start(config, model, tokenizer, task, device, (lambda: False) if ranks.sharded else should_stop)
             ranks.barrier()
     # the KL anchor is the initial policy (after any warm start), never a resumed checkpoint's weights
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.loss.beta > 0 else None
