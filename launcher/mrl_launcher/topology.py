@@ -23,8 +23,8 @@ Each service installed (entry points `mrl.services`) is a child process (`python
 serve`, mrl_serving.processes) that prints one JSON "ready" line with its ports; a service's
 default ports are its settings' defaults. Each trainer is a child `mrl trainer run CONFIG` pointed at the
 services (exchange.target, sharing.align.target, scheduler.target), with its checkpoints and
-metrics under data_dir/<policy>/; a trainer with a warm start does it first (`mrl trainer warm-start`, all
-of them at once, into the model cache), so that no policy starts its steps while a peer is still
+metrics under data_dir/<policy>/; a trainer with a cached warm start does it first (`mrl trainer warm-start`,
+all of them at once, into the model cache), so that no policy starts its steps while a peer is still
 warm-starting; with `ranks: N` > 1 it is `torchrun --standalone --nproc-per-node N -m mrl.cli
 trainer run CONFIG`. With trainers, `up` returns when they have all finished
 (and the report is written); without, it serves until Ctrl-C. Ctrl-C (or SIGTERM) asks the
@@ -72,9 +72,10 @@ def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pa
 
 
 def _start_trainer(path: str, overrides: dict, threads: int, ranks: int = 1,
-                   command: str = "run") -> subprocess.Popen:
+                   command: str = "run", stdout=None) -> subprocess.Popen:
     """`mrl trainer run` of one trainer, under torchrun when ranks > 1 (each rank threads // ranks threads); or
-    another `mrl trainer` command on the same config (`warm-start`, in one process)."""
+    another `mrl trainer` command on the same config (`warm-start`, in one process). `stdout`: as Popen's (None:
+    this process's)."""
     launch = (["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
               if ranks > 1 and command == "run" else [])
     args = [sys.executable, *launch, "-m", "mrl.cli", "trainer", command, path]
@@ -82,7 +83,7 @@ def _start_trainer(path: str, overrides: dict, threads: int, ranks: int = 1,
         args += ["--set", f"{key}={json.dumps(value)}"]
     threads = str(max(1, threads // ranks))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    return subprocess.Popen(args, env=env, preexec_fn=die_with_parent, start_new_session=True)
+    return subprocess.Popen(args, env=env, stdout=stdout, preexec_fn=die_with_parent, start_new_session=True)
 
 
 def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
@@ -223,29 +224,44 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
 
 
 def _warm_starts(trainers: dict, threads: int, stop: threading.Event) -> bool:
-    """Run `mrl trainer warm-start` for each trainer {policy: (config path, overrides)} whose config has a warm
-    start, all at once, and wait for them: no policy takes its first step (and waits for its peers' first) while a
-    peer is still warm-starting. False when `stop` was set meanwhile (they are asked to stop and waited for);
-    RunFailed when one fails."""
+    """Run `mrl trainer warm-start` for each trainer {policy: (config path, overrides)} whose config has a cached
+    warm start, all at once, and wait for them: no policy takes its first step (and waits for its peers' first)
+    while a peer is still warm-starting. Every config is loaded before any process starts. False when `stop` was
+    set meanwhile; RunFailed when one fails. Either way the others are asked to stop (each stops before its next
+    supervised step) and waited for, within TRAINER_STOP_GRACE_S, then killed."""
     from mrl_trainer.config import load_config
-    pending = {policy: _start_trainer(path, extra, threads, command="warm-start")
-               for policy, (path, extra) in trainers.items() if load_config(path, extra).warm_start}
-    if pending:
-        print(f"  warm starts first: {', '.join(pending)}", flush=True)
+    from mrl_trainer.errors import TrainerError
     try:
-        while any(proc.poll() is None for proc in pending.values()):
-            if stop.wait(0.5):
-                return False
+        wanted = {policy: (path, extra) for policy, (path, extra) in trainers.items()
+                  if (spec := load_config(path, extra).warm_start) and spec.cache}
+    except TrainerError as exc:
+        raise LauncherError(str(exc)) from None
+    pending = {}
+    failed = {}
+    try:
+        for policy, (path, extra) in wanted.items():
+            pending[policy] = _start_trainer(path, extra, threads, command="warm-start", stdout=subprocess.DEVNULL)
+        if pending:
+            print(f"  warm starts first: {', '.join(pending)}", flush=True)
+        while not stop.is_set():
+            failed = {policy: proc.returncode for policy, proc in pending.items() if proc.poll() not in (None, 0)}
+            if failed or all(proc.poll() is not None for proc in pending.values()):
+                break
+            stop.wait(0.5)
     finally:
         for proc in pending.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)     # it stops before its next supervised step
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TRAINER_STOP_GRACE_S
         for proc in pending.values():
-            proc.wait()
-    failed = {policy: proc.returncode for policy, proc in pending.items() if proc.returncode != 0}
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     if failed:
         raise RunFailed(f"warm starts failed (exit codes {failed})")
-    return True
+    return not stop.is_set()
 
 
 def _stop_trainers(trainers: dict, results: dict) -> None:

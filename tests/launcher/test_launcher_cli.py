@@ -144,7 +144,7 @@ def test_up_warm_starts_every_policy_before_any_trainer_starts(tmp_path):
     """A policy's first step must not wait for (or run without) a peer that is still warm-starting."""
     env = {**os.environ, "MRL_MODEL_CACHE": str(tmp_path / "models")}
     done = subprocess.run([sys.executable, "-m", "mrl.cli", "up", str(_warm_topology(tmp_path, 30))],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=170, env=env)
     assert done.returncode == 0, done.stderr
     assert "warm starts first: b" in done.stdout and "trainer b: exit code 0" in done.stdout
     lines = done.stderr.splitlines()

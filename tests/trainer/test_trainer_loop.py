@@ -426,13 +426,16 @@ def test_sigterm_during_a_warm_start_stops_it_and_exits_0_at_step_0(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "trainer", "run", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "MRL_MODEL_CACHE": str(cache)})
-    deadline = time.monotonic() + 90
-    while not (cache / ".locks").is_dir() or not any((cache / ".locks").iterdir()):   # it is warm-starting
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)            # 100,000 steps would take hours
+    try:
+        deadline = time.monotonic() + 90
+        while not (cache / ".locks").is_dir() or not any((cache / ".locks").iterdir()):   # it is warm-starting
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)            # 100,000 steps would take hours
+    finally:
+        proc.kill()
     assert proc.returncode == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["step"] == 0 and summary["stopped_early"] and "nothing cached" in err
@@ -455,3 +458,6 @@ def test_warm_start_command_caches_what_the_run_then_loads(tmp_path):
     (tmp_path / "plain").mkdir()
     plain = _mrl("trainer", "warm-start", str(write_config(tmp_path / "plain")), env=env)
     assert json.loads(plain.stdout.strip().splitlines()[-1])["warm_start"] == "none"
+    uncached = _mrl("trainer", "warm-start", str(write_config(tmp_path / "plain", **{"warm_start.steps": 3,
+                    "warm_start.cache": False})), env=env)        # `run` trains it itself: nothing to do first
+    assert json.loads(uncached.stdout.strip().splitlines()[-1])["warm_start"] == "uncached"

@@ -162,19 +162,27 @@ def test_asked_to_stop_it_ends_before_its_next_step_and_caches_nothing(policy, t
     assert entries(model_cache) == []
 
 
-def test_two_callers_of_one_entry_at_once_train_it_once(tiny, task, model_cache):
-    """Two arms of one seed start together: one trains, the other waits for its lock and loads what it stored."""
+def test_two_callers_of_one_entry_at_once_train_it_once(tiny, task, model_cache, monkeypatch):
+    """Two arms of one seed start together: one trains, the other waits for its lock and loads what it stored.
+    The first does not take its first step until the second has been seen waiting (asking should_stop)."""
+    monkeypatch.setattr(sft, "LOCK_POLL_S", 0.01)
     policies = [(copy.deepcopy(tiny[0]), tiny[1]) for _ in range(2)]
+    training, waiting = threading.Event(), threading.Event()
+    stops = [lambda: training.set() or not waiting.wait(60),       # holds the lock until the other waits for it
+             lambda: waiting.set() or False]
     stats = [None, None]
 
     def one(i):
-        stats[i] = run(policies[i], task, steps=6)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
+        model, tokenizer = policies[i]
+        stats[i] = warm_start(model, tokenizer, task, WarmStartConfig(steps=6, batch_size=8), system_prompt=None,
+                              seed=0, cache_key="k", device="cpu", should_stop=stops[i])
+    threads = [threading.Thread(target=one, args=(0,)), threading.Thread(target=one, args=(1,))]
+    threads[0].start()
+    assert training.wait(60)
+    threads[1].start()
     for t in threads:
         t.join(120)
-    assert sorted(s["cached"] for s in stats) == [False, True]
+    assert waiting.is_set() and [s["cached"] for s in stats] == [False, True]
     a, b = (weights(m) for m, _ in policies)
     assert all(torch.equal(a[k], b[k]) for k in a)
 

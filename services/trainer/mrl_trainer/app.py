@@ -1,7 +1,7 @@
 """`mrl trainer run CONFIG`: train one policy until its steps are done or SIGINT/SIGTERM arrives.
 
-A signal finishes the step under way, writes a checkpoint and exits 0 (during a warm start: stops it
-before its next supervised step, caching nothing, and exits 0 at step 0); a bad config, model or
+A signal finishes the step under way, writes a checkpoint and exits 0 (during a warm start, not under
+torchrun: stops it before its next supervised step, caching nothing, and exits 0 at step 0); a bad config, model or
 data, a verifier that raises or a non-finite loss prints one clear error and exits 2, leaving the
 last checkpoint intact (a NaN step is never checkpointed). The last line printed is a JSON summary;
 its `unpublished` counts the experiences still waiting in the outbox (outbox.py) for the exchange.
@@ -15,9 +15,9 @@ policy is sharded over the N ranks (mrl_trainer.distributed), rank 0 alone conne
 prints the summary.
 
 `mrl trainer warm-start CONFIG` does the run's warm start (warm_start set, no checkpoint to resume) into
-the model cache and exits, printing {"policy", "warm_start": none | resumes | cached | trained | stopped}:
-a launcher runs it for every policy first, so that no policy takes its first step while a peer it waits
-for is still warm-starting.
+the model cache and exits, printing {"policy", "warm_start": none | uncached | resumes | cached | trained |
+stopped} ("uncached": warm_start.cache is false, so `run` trains it itself): a launcher runs it for every
+policy first, so that no policy takes its first step while a peer it waits for is still warm-starting.
 """
 import contextlib
 import json

@@ -55,8 +55,8 @@ from mrl_trainer.policy import prompt_ids
 from mrl_trainer.section import Section
 from mrl_trainer.tasks import Problem, Task
 
-__all__ = ["WarmStartConfig", "WarmStartStopped", "warm_start", "response_text", "response_ids", "response_nll", "cache_folder",
-           "SFT_VERSION"]
+__all__ = ["WarmStartConfig", "WarmStartStopped", "warm_start", "response_text", "response_ids", "response_nll",
+           "cache_folder", "SFT_VERSION"]
 
 log = logging.getLogger("mrl.trainer")
 SFT_VERSION = 1          # bump when the objective or the target format changes: old cache entries are then ignored
@@ -193,6 +193,8 @@ def _exclusive(folder: pathlib.Path, should_stop):
         locks.mkdir(parents=True, exist_ok=True)
         handle = open(locks / folder.name, "a")
     except OSError:
+        handle = None
+    if handle is None:
         yield
         return
     with handle:

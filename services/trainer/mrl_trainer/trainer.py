@@ -83,8 +83,9 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
     with `scheduler` configured, the lease client; the metrics sink. `exchange`: an
     mrl.ExchangeClient to publish to and subscribe from (None: solo); it stays the caller's to close,
     everything else closes with the trainer. `should_stop` cuts a warm start short (sft.WarmStartStopped; not
-    under torchrun). Under torchrun (`ranks` from distributed.setup) every rank builds one: the model (and the KL reference) sharded, and only rank 0 with the exchange, the peer inbox, the
-    scheduler client and the metrics sink.
+    under torchrun). Under torchrun (`ranks` from distributed.setup) every rank builds one: the model (and the
+    KL reference) sharded, and only rank 0 with the exchange, the peer inbox, the scheduler client and the
+    metrics sink.
     """
     device = _device(config)
     model, tokenizer = _seeded_policy(config, device)
@@ -152,9 +153,12 @@ def _seeded_policy(config: TrainerConfig, device: torch.device):
 def prepare_warm_start(config: TrainerConfig, should_stop=lambda: False) -> str:
     """Do what build_trainer would do first, the warm start into the cache, and nothing else, so that a launcher
     can warm-start every policy before any of them takes its first RL step. Returns "none" (no warm start set),
-    "resumes" (a checkpoint will be resumed instead), "cached" or "trained"; sft.WarmStartStopped if stopped."""
+    "uncached" (warm_start.cache is false: build_trainer trains it itself, so nothing is done here), "resumes" (a
+    checkpoint will be resumed instead), "cached" or "trained"; sft.WarmStartStopped if stopped."""
     if not config.warm_start:
         return "none"
+    if not config.warm_start.cache:
+        return "uncached"
     if config.checkpoint.resume and latest_checkpoint(config.checkpoint.dir):
         return "resumes"
     device = _device(config)
