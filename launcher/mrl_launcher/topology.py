@@ -249,38 +249,37 @@ def _warm_starts(trainers: dict, threads: int, stop: threading.Event) -> bool:
                 break
             stop.wait(0.5)
     finally:
-        for proc in pending.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + TRAINER_STOP_GRACE_S
-        for proc in pending.values():
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(pending.values())
     if failed:
         raise RunFailed(f"warm starts failed (exit codes {failed})")
     return not stop.is_set()
 
 
 def _stop_trainers(trainers: dict, results: dict) -> None:
-    """SIGTERM the trainers still running (each finishes its step and checkpoints), wait for all of them
-    within one grace period, kill what is left; record {policy: exit code, metrics path} in `results`. A trainer
-    under torchrun is asked through its ranks (torchrun's children): torchrun itself, signalled, would stop them
-    before they have checkpointed, and exits once they have."""
-    for proc, _ in trainers.values():
+    """Stop the trainers still running (_stop) and record {policy: exit code, metrics path} in `results`."""
+    _stop([proc for proc, _ in trainers.values()])
+    for policy, (proc, metrics) in trainers.items():
+        results[policy] = {"exit_code": proc.returncode, "metrics": metrics}
+
+
+def _stop(procs) -> None:
+    """SIGTERM the `mrl trainer` processes still running (each finishes its step and checkpoints, or stops its
+    warm start), wait for all of them within one grace period, kill what is left. A trainer under torchrun is
+    asked through its ranks (torchrun's children): torchrun itself, signalled, would stop them before they have
+    checkpointed, and exits once they have."""
+    procs = list(procs)
+    for proc in procs:
         if proc.poll() is None:
             for target in _trainer_processes(proc):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     target.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + TRAINER_STOP_GRACE_S
-    for policy, (proc, metrics) in trainers.items():
+    for proc in procs:
         try:
             proc.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             proc.kill()
-        results[policy] = {"exit_code": proc.wait(), "metrics": metrics}
+            proc.wait()
 
 
 def _trainer_processes(proc: subprocess.Popen) -> list:
