@@ -57,11 +57,14 @@ def compare(parser):
     parser.add_argument("config", help="YAML topology with trainers, e.g. examples/mutual.yaml")
     modes = parser.add_argument("--modes", help="comma-separated sharing modes among %(registered)s, or variants "
                                                 "of one (mode:field=value[:…][-unguarded], as in mrl lab bandit: "
-                                                "sgt:rationalize=8); must include none (default: every mode)")
+                                                "sgt:rationalize=8); must include the baseline (default: every mode)")
     modes.registered = _RegisteredModes()     # argparse expands %(registered)s from the action's attributes
     parser.add_argument("--seeds", type=ints, help="comma-separated seeds for every trainer (default: each config's own)")
     parser.add_argument("--parallel", type=int, help="runs at once (default: cores // trainers, at least 1)")
     parser.add_argument("--out", default=".mrl/compare", help="where runs and reports are written")
+    parser.add_argument("--baseline", default="none",
+                        help="the arm every other is paired with (default: none, solo GRPO); e.g. xgrpo, to set "
+                             "xgrpo:coupling=async against lockstep XGRPO")
     parser.add_argument("--keep", action="store_true",
                         help="keep the runs in --out that finished with the same settings (to add seeds or arms, "
                              "or complete a stopped comparison)")
@@ -75,7 +78,7 @@ def compare(parser):
         from mrl_trainer.sharing import SHARING_MODES
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
         print(json.dumps(run_compare(args.config, modes, args.seeds, args.out, parse_overrides(args.overrides),
-                                     args.parallel, args.keep)), flush=True)
+                                     args.parallel, args.keep, args.baseline)), flush=True)
     return run
 
 

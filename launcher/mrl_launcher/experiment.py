@@ -19,9 +19,12 @@ stopped one completed (the topology file itself is not checked: keep it as it wa
 run's trainers share cores // parallel compute threads. A failed run stops the others and the comparison.
 
 Then `report.write_compare_page` writes OUT/index.html and OUT/compare.json (analysis.compare): per policy
-and mode, final held-out accuracy and its paired difference to solo GRPO ("none") with 95% bootstrap
-intervals over seeds and eval problems, curves with bands, and the rollouts each mode needed to reach solo's
-final accuracy. The last line printed is that JSON object.
+and mode, final held-out accuracy and its paired difference to the baseline arm (`baseline`, default solo GRPO,
+"none"; it must be one of the arms) with 95% bootstrap intervals over seeds and eval problems, curves with
+bands, and the rollouts each mode needed to reach the baseline's final accuracy. The last line printed is that
+JSON object. Another baseline pairs arms among themselves: `--baseline xgrpo` with the arms xgrpo and
+xgrpo:coupling=async is asynchronous against lockstep XGRPO; with --keep and the same runs it only rewrites the
+report.
 """
 import concurrent.futures
 import json
@@ -47,7 +50,8 @@ def default_parallel(trainers: int, jobs: int) -> int:
 
 
 def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int] | None, out: str | pathlib.Path,
-                overrides: dict | None = None, parallel: int | None = None, keep: bool = False) -> dict:
+                overrides: dict | None = None, parallel: int | None = None, keep: bool = False,
+                baseline: str = "none") -> dict:
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist")
@@ -55,8 +59,9 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
         arms = {spec: variant_settings(spec) for spec in modes}
     except FailedPrecondition as exc:
         raise LauncherError(f"--modes: {exc}") from None
-    if "none" not in modes:
-        raise LauncherError(f"modes {modes} must include 'none' (the baseline, solo GRPO)")
+    if baseline not in modes:
+        raise LauncherError(f"modes {modes} must include the baseline {baseline!r}"
+                            + (" (solo GRPO)" if baseline == "none" else ""))
     for what, values in (("modes", [variant_slug(m) for m in modes]), ("seeds", seeds or [])):
         if len(set(values)) != len(values):
             raise LauncherError(f"{what} {values} name one twice: each run needs its own data folder and run id")
@@ -83,7 +88,7 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     parallel = parallel or default_parallel(len(config["trainers"]), len(jobs))
     with stop_on_signals() as stop:
         runs = _run_all(config, path, jobs, out, overrides, stop, parallel)
-    result = compare(runs)
+    result = compare(runs, baseline)
     print(f"mrl experiment: report {write_compare_page(result, out)}", flush=True)
     return result
 

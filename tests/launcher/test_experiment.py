@@ -90,7 +90,8 @@ def _fake_runs(monkeypatch) -> dict:
         return {"policy-a": {"exit_code": 0, "metrics": metrics}}
 
     monkeypatch.setattr(experiment, "run_topology", run_topology)
-    monkeypatch.setattr(experiment, "compare", lambda runs: {"arms": {s: dict(a) for s, a in runs.items()}})
+    monkeypatch.setattr(experiment, "compare", lambda runs, baseline: {"baseline": baseline,
+                                                                       "arms": {s: dict(a) for s, a in runs.items()}})
     monkeypatch.setattr(experiment, "write_compare_page", lambda result, out: out / "index.html")
     return started
 
@@ -116,7 +117,7 @@ def test_an_arm_may_be_a_variant_of_a_mode(monkeypatch, tmp_path):
     (["none", "sgt:rationalize=-1"], r"(?s)arm 'sgt:rationalize=-1': .*rationalize.*greater than or equal to 0"),    # before any run starts
     (["none", "sgt:lam"], "mode:field=value"),
     (["none", "bogus:lam=1"], "unknown sharing mode 'bogus'"),
-    (["sgt"], "must include 'none'"),
+    (["sgt"], "must include the baseline 'none'"),
     (["none", "sgt:lam=0.2", "sgt:lam= 0.2"], "name one twice")])
 def test_a_bad_arm_is_refused_before_any_run(monkeypatch, tmp_path, modes, match):
     monkeypatch.setattr(experiment, "run_topology", lambda *a, **k: pytest.fail("a run started"))
@@ -143,3 +144,15 @@ def test_keep_adds_to_a_comparison_and_reruns_only_what_did_not_finish(monkeypat
     with pytest.raises(LauncherError, match="s0/none finished with other settings"):
         experiment.run_compare(topology, ["none"], [0], out, {"steps": 5}, parallel=1, keep=True)
     assert not started
+
+
+def test_another_arm_may_be_the_baseline(monkeypatch, tmp_path):
+    """--baseline xgrpo pairs every arm with xgrpo (async against lockstep, say); solo need not run then, and the
+    baseline must be one of the arms."""
+    _fake_runs(monkeypatch)
+    topology = EXAMPLES / "compare-addition.yaml"
+    result = experiment.run_compare(topology, ["xgrpo", "xgrpo:coupling=async"], [0], tmp_path / "out",
+                                    {"steps": 4}, parallel=1, baseline="xgrpo")
+    assert result["baseline"] == "xgrpo" and list(result["arms"]["s0"]) == ["xgrpo", "xgrpo:coupling=async"]
+    with pytest.raises(LauncherError, match="must include the baseline 'sgt'"):
+        experiment.run_compare(topology, ["none", "xgrpo"], [0], tmp_path / "other", parallel=1, baseline="sgt")
