@@ -2,6 +2,7 @@
 tokenizer: the target is what the verifier accepts, the loss falls, results are cached atomically
 under a key and spec, and bad specs are refused."""
 import copy
+import json
 import pathlib
 import threading
 
@@ -88,6 +89,10 @@ def test_the_second_call_loads_the_cache_with_identical_weights(tiny, task, mode
     assert trained["cached"] is False
     assert [p.name for p in entries(model_cache)] == [cache_folder(
         WarmStartConfig(steps=5, batch_size=8), system_prompt=None, seed=0, cache_key="k").name]
+    # what trained it: the same spec and seed give other floats under other kernels, thread counts or torch
+    meta = json.loads((entries(model_cache)[0] / "sft.json").read_text())
+    assert meta["trained_with"] == {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                                    "threads": torch.get_num_threads(), "device": "cpu"}
     initial = weights(second[0])
     loaded = run(second, task, steps=5)
     assert loaded["cached"] is True and loaded["final_loss"] == trained["final_loss"]
