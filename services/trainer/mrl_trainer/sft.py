@@ -20,12 +20,6 @@ Caching (spec.cache): the weights are saved with safetensors in
     model_cache_dir() / f"sft-{cache_key}-{h}" / model.safetensors   (+ sft.json: spec, seed, losses, trained_with)
     h = sha256(SFT_VERSION, steps, lr, batch_size, seed, system_prompt)[:12]
 
-trained_with records what did the arithmetic: torch's version, its CPU kernels (AVX2, AVX512, …), the thread
-count and the device. On one machine a warm start is reproducible bit for bit; the same spec and seed trained
-under other kernels or thread counts sums in another order and can give other weights (one seed's warm start
-scored 0.052 held-out accuracy in two sessions and 0.062 in a third), so runs compared across machines may not start
-from the same policy.
-
 where `cache_key` is the caller's hash of the model spec and the task spec. The folder is written
 in a temporary folder beside it and moved into place with os.replace, so a crash never leaves a
 partial entry under that name; a later call with the same key, spec, seed and system prompt loads
@@ -33,6 +27,12 @@ it instead of training (stats["cached"] = True). With cache = False nothing is r
 Processes wanting the same entry at once (two arms of one seed in `mrl experiment compare`) train it
 once: each holds an exclusive lock on model_cache_dir()/.locks/<entry name> while it looks, trains and
 stores, so the others wait and then load what the first stored.
+
+trained_with records what did the arithmetic: torch's version, its CPU kernels (AVX2, AVX512, …), the
+thread count and the device. On one machine a warm start is reproducible bit for bit; under other kernels or
+thread counts the same spec and seed sum in another order and can give other weights (one seed's warm start
+scored 0.052 held-out accuracy in two sessions and 0.062 in a third), so runs compared across machines may
+not start from the same policy.
 
 `should_stop` (a callable) is asked before each supervised step and while waiting for that lock; once
 it answers True the pass ends with WarmStartStopped, nothing cached, so a trainer asked to stop
