@@ -25,6 +25,12 @@ problems both resampled; 95%, percentile):
     ratio_to_baseline           rollouts_to_baseline / the baseline's own; below 1: fewer rollouts needed
 and, per policy, `interval`: "seeds × eval problems", or "seeds" where per-problem outcomes are missing.
 
+`compare(…, at_step=N)` reads every run as it stood at its eval of step N (`up_to`): its train records before
+step N and its evals up to it, so "final" is step N's. Arms whose runs went on for different budgets are then
+compared at equal own rollouts: under asynchronous coupling a fast policy may be given many more steps than its
+slow peer, so that it keeps training and publishing while the peer works, and is read at the peer's budget.
+Every run must have an eval at step N.
+
 Errors (LauncherError, with what to do): a missing, empty or unreadable metrics file, a file with
 no eval records, one policy in two files of a run, a baseline mode absent from runs, seeds that ran other
 modes, and runs that scored different eval problems (not paired).
@@ -40,7 +46,7 @@ from mrl_launcher.intervals import crossed_bootstrap, mean_ci
 from mrl_trainer.metrics import read_metrics
 
 __all__ = ["PolicyRun", "load_policy_run", "load_run", "load_runs", "load_seeds", "compare", "compare_loaded",
-           "rollouts_to", "TOLERANCE"]
+           "rollouts_to", "up_to", "TOLERANCE"]
 
 Path = pathlib.Path
 TOLERANCE = 1e-9
@@ -106,6 +112,16 @@ def load_policy_run(path: str | Path) -> PolicyRun:
                            "eval.every > 0 so it logs held-out accuracy")
     train = [r for r in records if r.get("kind", "train") == "train"]
     return PolicyRun(policies[0], path, train, evals)
+
+
+def up_to(run: PolicyRun, step: int) -> PolicyRun:
+    """The run as it stood at its eval of `step`: the train records of the steps before it, the evals up to it."""
+    steps = [r["step"] for r in run.evals]
+    if step not in steps:
+        raise LauncherError(f"{run.path}: policy {run.policy!r} evaluated at steps {steps}, not at step {step}: "
+                            "compare at a step every run evaluated at (a multiple of eval.every, within its steps)")
+    return dataclasses.replace(run, train=[r for r in run.train if r["step"] < step],
+                               evals=[r for r in run.evals if r["step"] <= step])
 
 
 def load_run(paths: list[str | Path], what: str) -> dict[str, PolicyRun]:
@@ -229,8 +245,13 @@ def load_seeds(seeds: dict[str, dict[str, list[str | Path]]], baseline: str) -> 
     return {label: load_runs(runs, baseline) for label, runs in seeds.items()}
 
 
-def compare(seeds: dict[str, dict[str, list[str | Path]]], baseline: str = "none") -> dict:
+def compare(seeds: dict[str, dict[str, list[str | Path]]], baseline: str = "none", at_step: int | None = None) -> dict:
     """Per policy and sharing mode, over seeds: final held-out accuracy and its paired difference to the
     baseline with 95% intervals, curves with bands, rollouts to the baseline's final accuracy (see the module
-    docstring). `seeds` maps a seed label to {mode: metrics files, one per policy}. JSON-able."""
-    return compare_loaded(load_seeds(seeds, baseline), baseline)
+    docstring); with `at_step`, each run as it stood at that step's eval. `seeds` maps a seed label to {mode:
+    metrics files, one per policy}. JSON-able."""
+    loaded = load_seeds(seeds, baseline)
+    if at_step is not None:
+        loaded = {label: {mode: {policy: up_to(run, at_step) for policy, run in runs.items()}
+                          for mode, runs in modes.items()} for label, modes in loaded.items()}
+    return {**compare_loaded(loaded, baseline), "at_step": at_step}

@@ -65,6 +65,9 @@ def compare(parser):
     parser.add_argument("--baseline", default="none",
                         help="the arm every other is paired with (default: none, solo GRPO); e.g. xgrpo, to set "
                              "xgrpo:coupling=async against lockstep XGRPO")
+    parser.add_argument("--at-step", type=int, metavar="N",
+                        help="compare every run as it stood at its eval of step N (default: each run's last eval), "
+                             "e.g. a fast asynchronous policy given more steps than its peer, at the peer's budget")
     parser.add_argument("--keep", action="store_true",
                         help="keep the runs in --out that finished with the same settings (to add seeds or arms, "
                              "or complete a stopped comparison)")
@@ -78,7 +81,8 @@ def compare(parser):
         from mrl_trainer.sharing import SHARING_MODES
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
         print(json.dumps(run_compare(args.config, modes, args.seeds, args.out, parse_overrides(args.overrides),
-                                     args.parallel, args.keep, args.baseline)), flush=True)
+                                     args.parallel, args.keep, args.baseline, args.at_step)),
+              flush=True)
     return run
 
 

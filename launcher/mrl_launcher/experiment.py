@@ -24,7 +24,7 @@ and mode, final held-out accuracy and its paired difference to the baseline arm 
 bands, and the rollouts each mode needed to reach the baseline's final accuracy. The last line printed is that
 JSON object. Another baseline pairs arms among themselves: `--baseline xgrpo` with the arms xgrpo and
 xgrpo:coupling=async is asynchronous against lockstep XGRPO; with --keep and the same runs it only rewrites the
-report.
+report. `at_step` reads every run as it stood at that step's eval (analysis.up_to), for arms whose budgets differ.
 """
 import concurrent.futures
 import json
@@ -51,7 +51,7 @@ def default_parallel(trainers: int, jobs: int) -> int:
 
 def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int] | None, out: str | pathlib.Path,
                 overrides: dict | None = None, parallel: int | None = None, keep: bool = False,
-                baseline: str = "none") -> dict:
+                baseline: str = "none", at_step: int | None = None) -> dict:
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist")
@@ -88,7 +88,7 @@ def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int]
     parallel = parallel or default_parallel(len(config["trainers"]), len(jobs))
     with stop_on_signals() as stop:
         runs = _run_all(config, path, jobs, out, overrides, stop, parallel)
-    result = compare(runs, baseline)
+    result = compare(runs, baseline, at_step)
     print(f"mrl experiment: report {write_compare_page(result, out)}", flush=True)
     return result
 

@@ -170,8 +170,10 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
                                     f"Mean over {len(result['seeds'])} seed(s) and the eval problems; bands: "
                                     f"95% bootstrap over {result['interval'][policy]}. Dashed: the baseline's final "
                                     "accuracy; a star where a mode's mean first reaches it."))
+    at_step = result.get("at_step")
+    at = "" if at_step is None else f"Every run is read as it stood at its eval of step {at_step}. "
     body = (f"<p>{len(result['seeds'])} seed(s): {html.escape(', '.join(result['seeds']))}; baseline mode: "
-            f"<b>{html.escape(baseline)}</b>. Δ = the paired difference of final held-out accuracy to the "
+            f"<b>{html.escape(baseline)}</b>. {at}Δ = the paired difference of final held-out accuracy to the "
             "baseline (same seed, same eval problem), with its 95% bootstrap interval, and the t-interval of the "
             "per-seed differences (wider with few seeds, whose spread resampling understates). rollouts to baseline = "
             "the rollouts at a mode's first eval point whose mean accuracy ≥ the baseline's final (— if never); "

@@ -90,8 +90,8 @@ def _fake_runs(monkeypatch) -> dict:
         return {"policy-a": {"exit_code": 0, "metrics": metrics}}
 
     monkeypatch.setattr(experiment, "run_topology", run_topology)
-    monkeypatch.setattr(experiment, "compare", lambda runs, baseline: {"baseline": baseline,
-                                                                       "arms": {s: dict(a) for s, a in runs.items()}})
+    monkeypatch.setattr(experiment, "compare", lambda runs, baseline, at_step: {
+        "baseline": baseline, "at_step": at_step, "arms": {s: dict(a) for s, a in runs.items()}})
     monkeypatch.setattr(experiment, "write_compare_page", lambda result, out: out / "index.html")
     return started
 
@@ -152,7 +152,8 @@ def test_another_arm_may_be_the_baseline(monkeypatch, tmp_path):
     _fake_runs(monkeypatch)
     topology = EXAMPLES / "compare-addition.yaml"
     result = experiment.run_compare(topology, ["xgrpo", "xgrpo:coupling=async"], [0], tmp_path / "out",
-                                    {"steps": 4}, parallel=1, baseline="xgrpo")
+                                    {"steps": 4}, parallel=1, baseline="xgrpo", at_step=2)
     assert result["baseline"] == "xgrpo" and list(result["arms"]["s0"]) == ["xgrpo", "xgrpo:coupling=async"]
+    assert result["at_step"] == 2
     with pytest.raises(LauncherError, match="must include the baseline 'sgt'"):
         experiment.run_compare(topology, ["none", "xgrpo"], [0], tmp_path / "other", parallel=1, baseline="sgt")

@@ -147,6 +147,21 @@ def test_compare_other_baseline_and_missing_policy(tmp_path):
     assert result["policies"]["phi"]["xgrpo"]["rollouts_to_baseline"] is None
 
 
+def test_compare_at_a_step_reads_every_run_as_it_stood_there(tmp_path):
+    """llama's sgt run went on to step 8, the others stopped at 6: by default its final is step 8's and it is not
+    paired with solo; at step 6 it is read at its eval of step 6, with step 6's rollouts, and paired."""
+    runs = _runs(tmp_path)
+    assert "delta_baseline" not in compare({"s0": runs})["policies"]["llama"]["sgt"]
+    result = compare({"s0": runs}, at_step=6)
+    sgt = result["policies"]["llama"]["sgt"]
+    assert result["at_step"] == 6 and (sgt["final_accuracy"], sgt["steps"], sgt["rollouts_total"]) == (0.25, 6, 96)
+    assert sgt["delta_baseline"] == pytest.approx(-0.05) and sgt["curve"]["rollouts"] == [0, 32, 64, 96]
+    assert result["policies"]["qwen"]["prp"]["final_accuracy"] == 0.6          # its last eval is step 6's anyway
+    assert compare({"s0": runs}, at_step=4)["policies"]["qwen"]["prp"]["final_accuracy"] == 0.5
+    with pytest.raises(LauncherError, match=r"evaluated at steps \[0, 2, 4, 6\], not at step 5"):
+        compare({"s0": runs}, at_step=5)
+
+
 def _scored(path, policy, sharing, correct_counts, problems=40, ids=None):
     """Eval records with per-problem outcomes: problems 0..c-1 correct at each eval point."""
     ids = ids or [f"task:eval:0:{i}" for i in range(problems)]
