@@ -3,7 +3,8 @@
 For each seed s and each registered sharing mode m (mrl_trainer.sharing.MODES, or --modes), the
 topology's trainers run with `sharing.mode = m` and `seed = s` (plus any --set overrides; without --seeds,
 each trainer keeps its config's own seed, labelled "config") in a fresh run (`run_id = <run_id>-<m>-<label>`,
-data under OUT/<label>/<m>/) on its own Redis and services. An arm may also be a variant of a mode
+data under OUT/<label>/<m>/; a run id over 64 characters keeps its start and ends in a hash of the whole) on its
+own Redis and services. An arm may also be a variant of a mode
 (mrl_launcher.variants, as in `mrl lab bandit`: `sgt:rationalize=8`, `xgrpo-unguarded`): its settings apply
 over --set's, and its name in run ids and folders has `-` for the characters they do not allow. Runs are
 paired: the modes of a seed start from the same initial policies and prompts, and every run scores the same
@@ -27,6 +28,7 @@ xgrpo:coupling=async is asynchronous against lockstep XGRPO; with --keep and the
 report. `at_step` reads every run as it stood at that step's eval (analysis.up_to), for arms whose budgets differ.
 """
 import concurrent.futures
+import hashlib
 import json
 import os
 import pathlib
@@ -126,7 +128,7 @@ def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out:
         print(f"mrl experiment: seed {label}, mode {mode}: kept ({folder / FINISHED})", flush=True)
         return finished["metrics"]
     shutil.rmtree(folder, ignore_errors=True)      # a run cut short: from the start, not from its checkpoints
-    run = {**config, "data_dir": str(folder), "run_id": f"{config.get('run_id', 'compare')}-{slug}-{label}"}
+    run = {**config, "data_dir": str(folder), "run_id": _run_id(config, slug, label)}
     run.pop("report", None)
     for name in installed_services():     # free ports: runs go in parallel, and beside anything already serving
         if run.get(name, {}) is not None:
@@ -142,6 +144,19 @@ def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out:
     relative = [str(pathlib.Path(m).resolve().relative_to(folder)) for m in metrics]
     (folder / FINISHED).write_text(json.dumps({"settings": settings, "metrics": relative}, indent=1))
     return metrics
+
+
+RUN_ID_MAX = 64     # a run id is a name (mrl.experience.validate_name)
+
+
+def _run_id(config: dict, slug: str, label: str) -> str:
+    """<run_id>-<arm slug>-<seed label>; one longer than RUN_ID_MAX keeps its first characters and ends in a hash
+    of the whole, so long arms that differ only at the end still get distinct run ids."""
+    run_id = f"{config.get('run_id', 'compare')}-{slug}-{label}"
+    if len(run_id) <= RUN_ID_MAX:
+        return run_id
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:12]
+    return f"{run_id[:RUN_ID_MAX - len(digest) - 1]}-{digest}"
 
 
 def _run_all(config: dict, path: pathlib.Path, jobs: list, out: pathlib.Path, overrides: dict | None,

@@ -157,3 +157,15 @@ def test_another_arm_may_be_the_baseline(monkeypatch, tmp_path):
     assert result["at_step"] == 2
     with pytest.raises(LauncherError, match="must include the baseline 'sgt'"):
         experiment.run_compare(topology, ["none", "xgrpo"], [0], tmp_path / "other", parallel=1, baseline="sgt")
+
+
+def test_a_long_arm_name_still_gives_each_run_a_valid_distinct_run_id(monkeypatch, tmp_path):
+    """run ids are names (at most 64 characters): <run_id>-<arm>-<seed> beyond that keeps its start and a hash of
+    the whole, so two long arms differing only at the end still get two run ids."""
+    from mrl.experience import validate_name
+    started = _fake_runs(monkeypatch)
+    arms = ["none", "xgrpo:coupling=async:max_staleness=8", "xgrpo:coupling=async:max_staleness=9"]
+    experiment.run_compare(EXAMPLES / "compare-addition-digits-async.yaml", arms, [0], tmp_path / "out", parallel=1)
+    assert len(started) == 3 and "compare-addition-digits-async-none-s0" in started
+    for run_id in started:
+        validate_name("run_id", run_id)
