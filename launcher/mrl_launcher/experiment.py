@@ -36,6 +36,7 @@ import shutil
 import threading
 
 from mrl.errors import FailedPrecondition
+from mrl.experience import NAME_MAX
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.report import write_compare_page
 from mrl_launcher.analysis import compare
@@ -146,17 +147,14 @@ def _run_one(config: dict, path: pathlib.Path, seed: int | None, mode: str, out:
     return metrics
 
 
-RUN_ID_MAX = 64     # a run id is a name (mrl.experience.validate_name)
-
-
 def _run_id(config: dict, slug: str, label: str) -> str:
-    """<run_id>-<arm slug>-<seed label>; one longer than RUN_ID_MAX keeps its first characters and ends in a hash
-    of the whole, so long arms that differ only at the end still get distinct run ids."""
+    """<run_id>-<arm slug>-<seed label>; one longer than a name may be (mrl.experience.NAME_MAX) keeps its first
+    characters and ends in a hash of the whole, so long arms that differ only at the end still get distinct run ids."""
     run_id = f"{config.get('run_id', 'compare')}-{slug}-{label}"
-    if len(run_id) <= RUN_ID_MAX:
+    if len(run_id) <= NAME_MAX:
         return run_id
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:12]
-    return f"{run_id[:RUN_ID_MAX - len(digest) - 1]}-{digest}"
+    return f"{run_id[:NAME_MAX - len(digest) - 1]}-{digest}"
 
 
 def _run_all(config: dict, path: pathlib.Path, jobs: list, out: pathlib.Path, overrides: dict | None,

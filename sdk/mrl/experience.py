@@ -36,7 +36,7 @@ from typing import Literal, get_args
 from mrl.errors import InvalidArgument
 from mrl.v1 import experience_pb2 as pb
 
-__all__ = ["Kind", "KINDS", "SCHEMA_VERSION", "kind_of", "kind_enum", "kind_name", "new_experience",
+__all__ = ["Kind", "KINDS", "NAME_MAX", "SCHEMA_VERSION", "kind_of", "kind_enum", "kind_name", "new_experience",
            "validate", "validate_name", "check_text_id", "Limits", "Response", "Group", "capability", "verdict",
            "step_experiences"]
 
@@ -53,7 +53,8 @@ _ENUM_OF: dict[str, int] = {
 _NAME_OF = {v: k for k, v in _ENUM_OF.items()}
 
 # Names become parts of Redis keys and consumer-group names: no braces, colons or spaces.
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME_MAX = 64  # characters of a run id or policy id
+_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}")
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 _MAX_TEXT_ID = 256
 
@@ -92,10 +93,10 @@ def kind_name(kind_value: int) -> Kind:
 
 
 def validate_name(what: str, value: str) -> str:
-    """Run ids, policy ids: 1-64 of [A-Za-z0-9._-], starting with a letter or digit."""
+    """Run ids, policy ids: 1-NAME_MAX of [A-Za-z0-9._-], starting with a letter or digit."""
     if not _NAME_RE.fullmatch(value):
         raise InvalidArgument(
-            f"{what} {value!r} is not a valid name: use 1-64 characters of letters, digits, '.', '_' "
+            f"{what} {value!r} is not a valid name: use 1-{NAME_MAX} characters of letters, digits, '.', '_' "
             f"or '-', starting with a letter or digit")
     return value
 
