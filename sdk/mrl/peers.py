@@ -25,6 +25,9 @@ Two couplings, by global prompt id:
             lag: a group (its rollouts and group_stats) of version v from producer p is dropped once
             v < (p's latest version seen − max_staleness), or once it is older than max_age_s (the
             producer's created_at); a newer group of the same (prompt, producer) replaces an older one.
+            Staleness is judged when the policy chooses its batch (`hold`), not when it takes the batch's
+            experience after its rollout: a slow policy's long rollout does not let a fast peer's versions
+            run past the groups it chose its prompts for.
             Verified successes are kept however old (the receiver re-verifies them; the newest 8 per
             prompt and producer), and stay when a step takes them, for the next time the policy meets
             the prompt. At most max_prompts
@@ -93,7 +96,8 @@ class PeerIndex:
     between steps (PeerInbox holds its lock around every call; the bandit testbed uses it directly).
 
     lockstep: experience below `floor` (set by the caller: step − max_staleness) is not kept. async: see
-    the module's docstring (a peer's own version lag, max_age_s, successes kept, at most max_prompts).
+    the module's docstring (a peer's own version lag, max_age_s, successes kept, at most max_prompts, the
+    held batch).
     A redelivered experience (same id) is stored once; policy_stats only update the producer's P̂."""
 
     def __init__(self, coupling: Coupling = "lockstep", max_staleness: int = 1, max_age_s: float = 0.0,
@@ -107,6 +111,7 @@ class PeerIndex:
         self.dropped = 0
         self.entries: dict[str, dict[str, _Entry]] = {}   # insertion order: least recently published first
         self._latest: dict[str, int] = {}                 # producer -> its highest policy version seen
+        self.held: set[str] = set()                       # async: the prompts of the batch being rolled out
         self._capability: dict[str, tuple[int, float]] = {}
         self._clock = clock
 
@@ -174,14 +179,26 @@ class PeerIndex:
 
     def _evict(self) -> None:
         while self.coupling == "async" and len(self.entries) > self.max_prompts:
-            pid = next(iter(self.entries))
+            pid = next((p for p in self.entries if p not in self.held), None)
+            if pid is None:
+                return
             for entry in self.entries.pop(pid).values():
                 self.dropped += entry.drop_group() + len(entry.successes)
+
+    def hold(self, prompt_ids: list[str]) -> None:
+        """async: the receiver chose these prompts for its batch. What is stale now is dropped; the rest of their
+        peers' experience is kept, however far the peers move on, until `take` (which ends the hold): a slow
+        policy's long rollout does not make the groups it chose its batch for stale before it can use them."""
+        self.held = set()
+        self.prune()
+        self.held = set(prompt_ids)
 
     def prune(self) -> list[str]:
         """Drop what became stale; returns the delivery ids of dropped entries (to ack outside any lock)."""
         stale = []
         for pid, by_producer in list(self.entries.items()):
+            if pid in self.held:
+                continue
             for producer, entry in list(by_producer.items()):
                 if not self._stale(producer, entry.version, entry.created_s):
                     continue
@@ -201,6 +218,7 @@ class PeerIndex:
         policy meets the prompt)."""
         if self.coupling == "lockstep":
             return {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
+        self.held = set()
         taken = {}
         for pid in prompt_ids:
             by_producer = self.entries.get(pid)
@@ -323,6 +341,11 @@ class PeerInbox:
             offered = self._index.offered(solved)
         self._ack(stale)
         return offered
+
+    def hold(self, prompt_ids: list[str]) -> None:
+        """async: PeerIndex.hold, for the batch this policy chose (until the collect that takes it)."""
+        with self._cond:
+            self._index.hold(prompt_ids)
 
     def recall(self, successes) -> None:
         """Index verified successes fetched from the exchange's success library (already acked: no delivery)."""

@@ -114,6 +114,35 @@ def test_async_staleness_drops_are_counted(tmp_path, exchange, run_id):
     assert sum(r["peer_dropped"] for r in train) == 4 * 2
 
 
+def test_a_slow_rollout_keeps_the_peer_groups_its_batch_was_chosen_for(tmp_path, exchange, run_id):
+    """The receiver chooses step 0's batch while the peer's latest is version 0, then rolls out slowly: the fast
+    peer publishes versions 1..6 meanwhile. With max_staleness 1 the version-0 groups would be stale by the collect
+    after the rollout; they were fresh when the batch was chosen, so XGRPO pools them (the hold)."""
+    config = _config(tmp_path, exchange, run_id, mode="xgrpo", max_staleness=1, steps=1)
+    with ExchangeClient(exchange.target) as client:
+        trainer = build_trainer(config, exchange=client)
+        peer = ScriptedPeer(exchange.target, run_id, trainer.task, trainer.tokenizer, name="slow")
+        index = trainer.inbox._index
+        rollout = trainer.rollout
+
+        def slow_rollout(step, problems=None):
+            for version in range(1, 7):
+                peer.publish_step(version)
+            wait_for(lambda: index._latest.get("slow") == 6, timeout_s=30.0)
+            return rollout(step, problems)
+        try:
+            peer.publish_step(0)
+            wait_for(lambda: any(trainer.inbox.offered()), timeout_s=30.0)
+            trainer.rollout = slow_rollout
+            trainer.run()
+        finally:
+            trainer.close()
+            peer.close()
+    [record] = _train_records(tmp_path)
+    group_size = config.rollout.group_size
+    assert record["xgrpo_pooled"] == group_size + 2           # own 3 rewards and the peer's 2, on every prompt
+
+
 def test_a_resumed_async_trainer_takes_peer_experience_again(tmp_path, exchange, run_id):
     for steps in (2, 4):                                      # a run of 2 steps, then resumed to 4
         config = _config(tmp_path, exchange, run_id, steps=steps)

@@ -134,3 +134,31 @@ def test_async_keeps_the_newest_successes_per_prompt_and_producer_and_take_keeps
     add_all(ix, [success("peer", 1, "q")])
     ix.take(["p"])                                      # used, not re-published: q stays the newest
     assert ix.offered() == ["q", "p"]
+
+
+def test_async_groups_of_a_held_batch_are_judged_when_it_is_chosen_not_when_it_is_taken():
+    """A slow receiver picks its batch (guided by what its peer published), then rolls out for a long time while a
+    fast peer publishes many versions: the groups it chose its batch for stay until it takes them."""
+    ix = index()                                         # max_staleness 2
+    add_all(ix, group("fast", 10, "p10", [1.0, 0.0]))
+    add_all(ix, group("fast", 7, "p7", [0.0]))           # lag 3 at the hold: dropped then, not kept by it
+    ix.hold(["p10", "p7", "own"])
+    assert set(ix.entries) == {"p10"} and ix.take_dropped() == 2
+    for version in range(11, 20):                        # the fast peer moves on during the rollout
+        add_all(ix, group("fast", version, f"p{version}", [0.0]))
+    assert ix.prune() == [] and "p10" in ix.entries      # held: not pruned, not evicted
+    taken = ix.take(["p10", "own"])
+    assert taken["p10"]["fast"].group_rewards == [1.0, 0.0] and len(taken["p10"]["fast"].rollouts) == 2
+    add_all(ix, group("fast", 10, "p10", [1.0, 0.0]))    # the hold ended with the take: a lag of 9 is stale again
+    assert "p10" not in ix.entries
+
+
+def test_a_held_prompt_is_not_evicted_and_a_newer_group_still_replaces_the_held_one():
+    ix = index(max_prompts=2)
+    add_all(ix, group("peer", 1, "held", [0.0]))
+    ix.hold(["held"])
+    add_all(ix, group("peer", 1, "b", [1.0]))
+    add_all(ix, group("peer", 1, "c", [1.0]))
+    assert list(ix.entries) == ["held", "c"]             # b went, the held prompt stayed
+    add_all(ix, group("peer", 2, "held", [1.0]))
+    assert ix.take(["held"])["held"]["peer"].group_rewards == [1.0]

@@ -309,12 +309,16 @@ class Trainer:
         step-th batch, the same for every policy. async: first up to ⌊guided_share·P⌋ prompts the peers have
         published (PeerIndex.offered: their successes this policy has not solved first), then the task's
         step-th batch for the rest. A peer's prompt id is only a key into this policy's own task (Task.find):
-        the question and the answer are always its own."""
+        the question and the answer are always its own. async: the batch's peer experience is held from here to
+        the step's collect (PeerIndex.hold)."""
         size, sharing = self.cfg.rollout.prompts_per_step, self.cfg.sharing
         own = self.task.batch(step, size)
         if self.inbox is None or sharing.coupling == "lockstep":
             return own, 0
-        return guided_batch(self.inbox.offered(self._solved.keys()), self.task.find, own, size, sharing.guided_share)
+        problems, guided = guided_batch(self.inbox.offered(self._solved.keys()), self.task.find, own, size,
+                                        sharing.guided_share)
+        self.inbox.hold([p.prompt_id for p in problems])
+        return problems, guided
 
     def rollout(self, step: int, problems: list[Problem] | None = None) -> StepBatch:
         """Sample and verify G responses to each problem (default: the task's step-th batch). Under torchrun
