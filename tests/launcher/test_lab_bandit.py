@@ -121,6 +121,20 @@ def test_a_variant_runs_under_its_own_name():
     assert result["point"]["interference"] == 1.0
 
 
+def test_a_slow_policys_guided_contexts_keep_the_peer_groups_it_chose_them_for():
+    """Under async a step lasts: b's lasts `speed` of a's steps. b chooses half its contexts from a's groups when its
+    step starts and takes them when it ends, after a published `speed` newer versions (max_staleness 1): XGRPO still
+    pools a's group on every guided context (PeerIndex.hold)."""
+    from dataclasses import replace
+    from mrl_launcher.lab.point import Settings
+    from mrl_launcher.lab.run import run_one
+    settings = Settings(contexts=32, prompts_per_step=4, steps=8, eval_every=4, probes=1)
+    b = run_one(replace(Point(), speed=4), settings, "xgrpo:coupling=async", seed=0)["policies"]["b"]["stats"]
+    assert b["peer_guided"] > 1.5                            # a mean per step: 2 of 4 after the first step
+    group = Point().group_size
+    assert b["xgrpo_pooled"] >= group * (1 + b["peer_guided"] / settings.prompts_per_step)
+
+
 @pytest.mark.parametrize("coupling", ["lockstep", "async"])
 def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_loss(coupling):
     """`-alone`: the mode's objective without peers. SGT's, XGRPO's and PRP's own loss is the trainer's (GRPO),

@@ -318,20 +318,31 @@ def _guided(k: _Policy, bandit: Bandit, t: int, size: int, share: float) -> tupl
 def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit, loss: LossConfig,
                window: int) -> list[int]:
     """The async coupling: a steps `point.speed` times per step of b, each on its own schedule (plus the
-    peer-guided contexts), taking what the other has published so far (AsyncInbox). Each policy is measured over
-    its own first `steps` steps (its curve at its own rollouts); a keeps training and publishing until b has made
-    its `steps`, as a faster policy does in a run of fixed wall time. Returns the eval steps."""
+    peer-guided contexts), taking what the other has published so far (AsyncInbox). A step has a duration, as in
+    the trainer, where a slow policy's rollout lasts while its peer steps: a step of a lasts 1 tick, one of b
+    `speed`. A step chooses its contexts when it starts (and holds their peer experience, PeerIndex.hold) and
+    publishes and takes its peer's experience when it ends; at the same tick steps end before others start, a
+    before b. Each policy is measured over its own first `steps` steps (its curve at its own rollouts); a keeps
+    training and publishing until b has made its `steps`, as a faster policy does in a run of fixed wall time.
+    Returns the eval steps."""
     for k in pols:
         k.inbox = AsyncInbox(k.sharing.kinds, cfg.max_staleness) if k.sharing.kinds and not k.alone else None
-    ticks = [(t, 0) for t in range(settings.steps * point.speed)] + [(t * point.speed, 1) for t in range(settings.steps)]
-    steps = [0, 0]
+    durations = (1, point.speed)
+    events = [(t * d + d * ends, 1 - ends, i, t) for i, d in enumerate(durations)
+              for t in range(settings.steps * point.speed // d) for ends in (0, 1)]
+    chosen: list = [None, None]
     eval_steps = [t for t in range(settings.steps + 1) if t % settings.eval_every == 0 or t == settings.steps]
-    for _, i in sorted(ticks):
-        k, peer, t = pols[i], pols[1 - i], steps[i]
-        if t in eval_steps:
-            k.curve.append(_greedy_success(k.model, bandit))
-        problems, guided = (_guided(k, bandit, t, settings.prompts_per_step, cfg.guided_share) if k.inbox
-                            else (bandit.batch(t, settings.prompts_per_step), 0))
+    for _, starts, i, t in sorted(events):
+        k, peer = pols[i], pols[1 - i]
+        if starts:
+            if t in eval_steps:
+                k.curve.append(_greedy_success(k.model, bandit))
+            chosen[i] = (_guided(k, bandit, t, settings.prompts_per_step, cfg.guided_share) if k.inbox
+                         else (bandit.batch(t, settings.prompts_per_step), 0))
+            if k.inbox is not None:
+                k.inbox.index.hold([p.prompt_id for p in chosen[i][0]])
+            continue
+        problems, guided = chosen[i]
         batch = _rollout(k.model, problems, point.group_size, k.generator, t)
         _step(k, batch, window)
         k.solved |= {p.prompt_id for p, rewards in zip(problems, batch.rewards) if max(rewards) >= 1.0}
@@ -346,8 +357,8 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
         record = _learn(k, batch, peers, peer_stats, cfg, loss, settings, window)
         if t < settings.steps:                  # a beyond its measured steps feeds b, and is not measured
             k.records.append(record)
-        steps[i] += 1
-    for k, made in zip(pols, steps):
+    for k, d in zip(pols, durations):
+        made = settings.steps * point.speed // d
         k.end = (made, _greedy_success(k.model, bandit))
         if made == settings.steps:              # the last eval (a policy that went on had it before its next step)
             k.curve.append(k.end[1])
