@@ -319,14 +319,15 @@ def test_an_experience_larger_than_max_response_bytes_is_a_clear_error_not_a_stu
     ex = start_exchange(max_experience_bytes=2 << 20)
     [huge] = _rollouts_of(run_id, 1, 1_500_000)
     with grpc.insecure_channel(ex.target) as channel:
-        stub, call = _raw_subscribe(channel, run_id, max_response_bytes=1 << 20)
+        stub, call = _raw_subscribe(channel, run_id, max_response_bytes=1 << 20, visibility_timeout_ms=500)
         stub.Publish(xpb.PublishRequest(experiences=[huge]), timeout=10)  # the SDK checks its own 1 MiB default
         with pytest.raises(grpc.RpcError) as info:
             list(call)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value
     assert "max_response_bytes" in info.value.details() and "MRL_MAX_EXPERIENCE_BYTES" in info.value.details()
     with ExchangeClient(ex.target, max_message_bytes=1 << 20) as small, pytest.raises(errors.FailedPrecondition):
-        next(iter(small.subscribe(run_id, "policy-b", start="earliest")))
+        next(iter(small.subscribe(run_id, "policy-b", start="earliest", visibility_timeout_s=0.5)))
+    # each subscription above read it and failed to send it: it comes again after their visibility timeout
     with ExchangeClient(ex.target) as see:  # a subscriber that accepts it gets it: nothing was lost
         c = Collector(see.subscribe(run_id, "policy-b", visibility_timeout_s=0.5))
         [d] = c.take(1)
