@@ -1,6 +1,7 @@
 """Peer experience for one policy: a background subscription to the exchange, and THL retokenization.
 
     inbox = PeerInbox(exchange, run_id, policy, kinds, peers, max_staleness)
+    inbox.hold(prompt_ids)                                   # async: when the batch is chosen
     arrived = inbox.collect(step, prompt_ids, timeout_s)     # waits at most timeout_s, never longer
     own_ids, chunks, stats = Retokenizer(tokenizer_id, align_client)([(peer_tokenizer_id, peer_ids), ...])
 

@@ -14,7 +14,8 @@ its peers' experience of its batch, then goes on with what arrived. async: a pol
 uses what its peers have published for its batch's prompts, and up to `guided_share` of a batch are
 prompts its peers published. lockstep drops experience more than `max_staleness` versions behind its
 own step; async drops a peer's groups more than `max_staleness` versions behind that peer's latest,
-and keeps verified successes however old.
+judged when the batch is chosen (a long rollout does not age them), and keeps verified successes however
+old.
 
 A mode describes itself in its class (name, title, kinds, Config, stats: see SharingMode) and is
 registered in MODES; the `sharing:` config (SharingConfig), `mrl experiment compare` and the run
@@ -87,7 +88,8 @@ class _Sharing(Section):
                                                                 "peers' experience of this batch, then go on without.")
     max_staleness: int = Field(1, ge=0, description="lockstep: drop peer experience whose policy version is below "
                                                     "(own step − max_staleness); async: drop a peer's group once "
-                                                    "its version is below (that peer's latest − max_staleness).")
+                                                    "its version is below (that peer's latest − max_staleness), "
+                                                    "judged when the batch is chosen.")
     guided_share: float = Field(0.5, ge=0, le=1, description="async: the most of a batch's prompts taken from those "
                                                              "the peers have published (their successes this "
                                                              "policy has not solved first); the rest follow the "
