@@ -217,9 +217,9 @@ class PeerIndex:
         """Remove and return the entries of these prompts. async: their groups are used (a redelivery is not
         taken again) and their successes stay where they are (a rescue may be needed again the next time this
         policy meets the prompt)."""
+        self.held = set()
         if self.coupling == "lockstep":
             return {pid: self.entries.pop(pid) for pid in prompt_ids if pid in self.entries}
-        self.held = set()
         taken = {}
         for pid in prompt_ids:
             by_producer = self.entries.get(pid)
