@@ -136,10 +136,12 @@ class PeerIndex:
             return False
         created_s = e.created_at.seconds + e.created_at.nanos * 1e-9
         keeps_forever = kind == "success" and self.coupling == "async"
-        if not keeps_forever and self._stale(producer, version, created_s):
+        pid = getattr(e, kind).prompt_id
+        held = self.entries.get(pid, {}).get(producer) if pid in self.held else None
+        completes_held = held is not None and held.version == version     # a late part of a held group
+        if not keeps_forever and not completes_held and self._stale(producer, version, created_s):
             self.dropped += 1
             return False
-        pid = getattr(e, kind).prompt_id
         entry = self.entries.setdefault(pid, {}).setdefault(producer, _Entry(version, created_s))
         if delivery_id is not None:
             entry.deliveries.append(delivery_id)
@@ -189,9 +191,12 @@ class PeerIndex:
     def hold(self, prompt_ids: list[str]) -> None:
         """async: the receiver chose these prompts for its batch. What is stale now is dropped; the rest of their
         peers' experience is kept, however far the peers move on, until `take` (which ends the hold): a slow
-        policy's long rollout does not make the groups it chose its batch for stale before it can use them."""
+        policy's long rollout does not make the groups it chose its batch for stale before it can use them (nor
+        the late parts of such a group). lockstep: nothing (its floor is the receiver's own step)."""
+        if self.coupling != "async":
+            return
         self.held = set()
-        self.prune()
+        self.prune()          # async entries hold no delivery ids (acked on arrival): nothing to ack here
         self.held = set(prompt_ids)
 
     def prune(self) -> list[str]:

@@ -130,9 +130,14 @@ def test_a_slow_rollout_keeps_the_peer_groups_its_batch_was_chosen_for(tmp_path,
                 peer.publish_step(version)
             wait_for(lambda: index._latest.get("slow") == 6, timeout_s=30.0)
             return rollout(step, problems)
+        chosen = [p.prompt_id for p in trainer.task.batch(0, 2)]
+
+        def version_0_arrived():                          # XGRPO takes group stats only
+            entries = [index.entries.get(pid, {}).get("slow") for pid in chosen]
+            return all(e is not None and e.group_rewards for e in entries)
         try:
             peer.publish_step(0)
-            wait_for(lambda: any(trainer.inbox.offered()), timeout_s=30.0)
+            wait_for(version_0_arrived, timeout_s=30.0)
             trainer.rollout = slow_rollout
             trainer.run()
         finally:

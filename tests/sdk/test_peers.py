@@ -140,8 +140,9 @@ def test_async_groups_of_a_held_batch_are_judged_when_it_is_chosen_not_when_it_i
     """A slow receiver picks its batch (guided by what its peer published), then rolls out for a long time while a
     fast peer publishes many versions: the groups it chose its batch for stay until it takes them."""
     ix = index()                                         # max_staleness 2
+    add_all(ix, group("fast", 7, "p7", [0.0]))           # fresh on arrival, lag 3 at the hold: dropped by it
     add_all(ix, group("fast", 10, "p10", [1.0, 0.0]))
-    add_all(ix, group("fast", 7, "p7", [0.0]))           # lag 3 at the hold: dropped then, not kept by it
+    assert set(ix.entries) == {"p7", "p10"}
     ix.hold(["p10", "p7", "own"])
     assert set(ix.entries) == {"p10"} and ix.take_dropped() == 2
     for version in range(11, 20):                        # the fast peer moves on during the rollout
@@ -162,3 +163,17 @@ def test_a_held_prompt_is_not_evicted_and_a_newer_group_still_replaces_the_held_
     assert list(ix.entries) == ["held", "c"]             # b went, the held prompt stayed
     add_all(ix, group("peer", 2, "held", [1.0]))
     assert ix.take(["held"])["held"]["peer"].group_rewards == [1.0]
+
+
+def test_the_late_parts_of_a_held_group_are_kept_and_a_hold_is_nothing_under_lockstep():
+    ix = index()                                         # max_staleness 2
+    gs, *rollouts = group("fast", 1, "p", [1.0, 0.0])
+    ix.add(gs)
+    ix.hold(["p"])
+    for version in range(2, 9):
+        add_all(ix, group("fast", version, f"q{version}", [0.0]))
+    add_all(ix, rollouts)                                # version 1 is 7 behind, but completes the held group
+    assert len(ix.take(["p"])["p"]["fast"].rollouts) == 2
+    lockstep = PeerIndex("lockstep", max_staleness=1)
+    lockstep.hold(["p"])
+    assert lockstep.held == set()
