@@ -310,9 +310,11 @@ def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Ban
 
 def _guided(k: _Policy, bandit: Bandit, t: int, size: int, share: float) -> tuple[list, int]:
     """As Trainer.problems under the async coupling: up to ⌊share·P⌋ contexts the peer published (its successes
-    k has not solved first), then step t's own schedule for the rest."""
+    k has not solved first), then step t's own schedule for the rest; their peer experience held (PeerIndex.hold)."""
     by_id = {p.prompt_id: p for p in bandit.problems}
-    return guided_batch(k.inbox.index.offered(k.solved), by_id.get, bandit.batch(t, size), size, share)
+    problems, guided = guided_batch(k.inbox.index.offered(k.solved), by_id.get, bandit.batch(t, size), size, share)
+    k.inbox.index.hold([p.prompt_id for p in problems])
+    return problems, guided
 
 
 def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit, loss: LossConfig,
@@ -328,8 +330,9 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
     for k in pols:
         k.inbox = AsyncInbox(k.sharing.kinds, cfg.max_staleness) if k.sharing.kinds and not k.alone else None
     durations = (1, point.speed)
+    made = [settings.steps * point.speed // d for d in durations]
     events = [(t * d + d * ends, 1 - ends, i, t) for i, d in enumerate(durations)
-              for t in range(settings.steps * point.speed // d) for ends in (0, 1)]
+              for t in range(made[i]) for ends in (0, 1)]
     chosen: list = [None, None]
     eval_steps = [t for t in range(settings.steps + 1) if t % settings.eval_every == 0 or t == settings.steps]
     for _, starts, i, t in sorted(events):
@@ -339,8 +342,6 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
                 k.curve.append(_greedy_success(k.model, bandit))
             chosen[i] = (_guided(k, bandit, t, settings.prompts_per_step, cfg.guided_share) if k.inbox
                          else (bandit.batch(t, settings.prompts_per_step), 0))
-            if k.inbox is not None:
-                k.inbox.index.hold([p.prompt_id for p in chosen[i][0]])
             continue
         problems, guided = chosen[i]
         batch = _rollout(k.model, problems, point.group_size, k.generator, t)
@@ -357,10 +358,9 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
         record = _learn(k, batch, peers, peer_stats, cfg, loss, settings, window)
         if t < settings.steps:                  # a beyond its measured steps feeds b, and is not measured
             k.records.append(record)
-    for k, d in zip(pols, durations):
-        made = settings.steps * point.speed // d
-        k.end = (made, _greedy_success(k.model, bandit))
-        if made == settings.steps:              # the last eval (a policy that went on had it before its next step)
+    for k, steps in zip(pols, made):
+        k.end = (steps, _greedy_success(k.model, bandit))
+        if steps == settings.steps:             # the last eval (a policy that went on had it before its next step)
             k.curve.append(k.end[1])
     return eval_steps
 
