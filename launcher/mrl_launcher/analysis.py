@@ -29,7 +29,9 @@ and, per policy, `interval`: "seeds × eval problems", or "seeds" where per-prob
 step N and its evals up to it, so "final" is step N's. Arms whose runs went on for different budgets are then
 compared at equal own rollouts: under asynchronous coupling a fast policy may be given many more steps than its
 slow peer, so that it keeps training and publishing while the peer works, and is read at the peer's budget.
-Every run must have an eval at step N.
+Every run must have an eval at step N. `at_step={policy: N, …}` reads the named policies' runs at their own
+steps and the others at their last eval: a fast policy at the end of its longer budget, its slow peer at its
+own.
 
 Errors (LauncherError, with what to do): a missing, empty or unreadable metrics file, a file with
 no eval records, one policy in two files of a run, a baseline mode absent from runs, seeds that ran other
@@ -245,13 +247,28 @@ def load_seeds(seeds: dict[str, dict[str, list[str | Path]]], baseline: str) -> 
     return {label: load_runs(runs, baseline) for label, runs in seeds.items()}
 
 
-def compare(seeds: dict[str, dict[str, list[str | Path]]], baseline: str = "none", at_step: int | None = None) -> dict:
+def compare(seeds: dict[str, dict[str, list[str | Path]]], baseline: str = "none",
+            at_step: int | dict[str, int] | None = None) -> dict:
     """Per policy and sharing mode, over seeds: final held-out accuracy and its paired difference to the
     baseline with 95% intervals, curves with bands, rollouts to the baseline's final accuracy (see the module
-    docstring); with `at_step`, each run as it stood at that step's eval. `seeds` maps a seed label to {mode:
-    metrics files, one per policy}. JSON-able."""
+    docstring); with `at_step`, each run as it stood at that step's eval, or with {policy: step} each named
+    policy's runs at its step (the others at their last eval). `seeds` maps a seed label to {mode: metrics
+    files, one per policy}. JSON-able."""
     loaded = load_seeds(seeds, baseline)
     if at_step is not None:
-        loaded = {label: {mode: {policy: up_to(run, at_step) for policy, run in runs.items()}
+        steps = _steps_by_policy(at_step, {p for modes in loaded.values() for runs in modes.values() for p in runs})
+        loaded = {label: {mode: {policy: up_to(run, steps[policy]) if policy in steps else run
+                                 for policy, run in runs.items()}
                           for mode, runs in modes.items()} for label, modes in loaded.items()}
     return {**compare_loaded(loaded, baseline), "at_step": at_step}
+
+
+def _steps_by_policy(at_step: int | dict[str, int], policies: set[str]) -> dict[str, int]:
+    """`at_step` as {policy: step}: one step for every policy, or the policies it names (each in some run)."""
+    if not isinstance(at_step, dict):
+        return dict.fromkeys(policies, at_step)
+    for policy in at_step:
+        if policy not in policies:
+            raise LauncherError(f"--at-step names policy {policy!r}, which is in no run (policies: "
+                                f"{', '.join(sorted(policies))})")
+    return at_step

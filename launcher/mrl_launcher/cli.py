@@ -1,5 +1,5 @@
 """The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
-from mrl_launcher.arguments import ints
+from mrl_launcher.arguments import at_step, ints
 from mrl_serving.commands import bench_command
 
 __all__ = ["up", "demo", "compare", "plot", "report", "bench_trl", "bench_mutual"]
@@ -65,9 +65,11 @@ def compare(parser):
     parser.add_argument("--baseline", default="none",
                         help="the arm every other is paired with (default: none, solo GRPO); e.g. xgrpo, to set "
                              "xgrpo:coupling=async against lockstep XGRPO")
-    parser.add_argument("--at-step", type=int, metavar="N",
+    parser.add_argument("--at-step", type=at_step, metavar="N|POLICY=N,…",
                         help="compare every run as it stood at its eval of step N (default: each run's last eval), "
-                             "e.g. a fast asynchronous policy given more steps than its peer, at the peer's budget")
+                             "e.g. a fast asynchronous policy given more steps than its peer, at the peer's budget; "
+                             "or each named policy at its own step (policy-a=16,policy-b=96), the others at their "
+                             "last eval")
     parser.add_argument("--keep", action="store_true",
                         help="keep the runs in --out that finished with the same settings (to add seeds or arms, "
                              "or complete a stopped comparison)")

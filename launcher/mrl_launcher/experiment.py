@@ -25,7 +25,8 @@ and mode, final held-out accuracy and its paired difference to the baseline arm 
 bands, and the rollouts each mode needed to reach the baseline's final accuracy. The last line printed is that
 JSON object. Another baseline pairs arms among themselves: `--baseline xgrpo` with the arms xgrpo and
 xgrpo:coupling=async is asynchronous against lockstep XGRPO; with --keep and the same runs it only rewrites the
-report. `at_step` reads every run as it stood at that step's eval (analysis.up_to), for arms whose budgets differ.
+report. `at_step` reads every run as it stood at that step's eval (analysis.up_to), for arms whose budgets differ;
+{policy: step} reads each named policy at its own step (a fast asynchronous policy at the end of its longer budget).
 """
 import concurrent.futures
 import hashlib
@@ -54,7 +55,7 @@ def default_parallel(trainers: int, jobs: int) -> int:
 
 def run_compare(topology: str | pathlib.Path, modes: list[str], seeds: list[int] | None, out: str | pathlib.Path,
                 overrides: dict | None = None, parallel: int | None = None, keep: bool = False,
-                baseline: str = "none", at_step: int | None = None) -> dict:
+                baseline: str = "none", at_step: int | dict[str, int] | None = None) -> dict:
     path = pathlib.Path(topology)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist")

@@ -171,7 +171,10 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
                                     f"95% bootstrap over {result['interval'][policy]}. Dashed: the baseline's final "
                                     "accuracy; a star where a mode's mean first reaches it."))
     at_step = result.get("at_step")
-    at = "" if at_step is None else f"Every run is read as it stood at its eval of step {at_step}. "
+    at = "" if at_step is None else (
+        f"Every run is read as it stood at its eval of step {at_step}. " if not isinstance(at_step, dict) else
+        "Each run is read as it stood at its eval of step " + html.escape(", ".join(
+            f"{step} ({policy})" for policy, step in at_step.items())) + " (the other policies at their last). ")
     body = (f"<p>{len(result['seeds'])} seed(s): {html.escape(', '.join(result['seeds']))}; baseline mode: "
             f"<b>{html.escape(baseline)}</b>. {at}Δ = the paired difference of final held-out accuracy to the "
             "baseline (same seed, same eval problem), with its 95% bootstrap interval, and the t-interval of the "

@@ -78,6 +78,18 @@ def test_seeds_that_are_not_integers_are_a_usage_error(capsys):
     assert "expected comma-separated ints" in capsys.readouterr().err
 
 
+def test_at_step_is_one_step_or_one_per_named_policy(capsys):
+    from mrl_launcher.arguments import at_step
+    assert at_step("16") == 16
+    assert at_step("policy-a=16,policy-b=96") == {"policy-a": 16, "policy-b": 96}
+    from mrl.cli import main
+    for bad in ("sixteen", "policy-a=16,policy-a=8", "=16", "policy-a=x", "policy-a=16,"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["experiment", "compare", "examples/compare.yaml", "--at-step", bad])
+        assert exit_.value.code == 2
+        assert "expected a step (16) or policy=step pairs" in capsys.readouterr().err
+
+
 def _fake_runs(monkeypatch) -> dict:
     """run_topology writes one metrics file and records what it was given; compare lists the runs' files."""
     started = {}

@@ -162,6 +162,22 @@ def test_compare_at_a_step_reads_every_run_as_it_stood_there(tmp_path):
         compare({"s0": runs}, at_step=5)
 
 
+def test_compare_at_a_step_of_each_policy_cuts_only_the_policies_named(tmp_path):
+    """{policy: step}: llama read at its eval of step 8 (its sgt run's last; the others end at 6, so llama's
+    solo and prp runs have no step 8 and the error names it), qwen at step 4; a policy not named keeps its last
+    eval, and one in no run is an error."""
+    runs = _runs(tmp_path)
+    result = compare({"s0": runs}, at_step={"qwen": 4})
+    assert result["at_step"] == {"qwen": 4}
+    assert result["policies"]["qwen"]["prp"]["final_accuracy"] == 0.5                # step 4's, not 6's
+    assert result["policies"]["llama"]["sgt"]["final_accuracy"] == 0.3               # its last eval, step 8's
+    with pytest.raises(LauncherError, match=r"policy 'llama' evaluated at steps \[0, 2, 4, 6\], not at step 8"):
+        compare({"s0": runs}, at_step={"llama": 8})
+    with pytest.raises(LauncherError, match=r"--at-step names policy 'phi', which is in no run \(policies: llama, "
+                                            r"qwen\)"):
+        compare({"s0": runs}, at_step={"phi": 4})
+
+
 def _scored(path, policy, sharing, correct_counts, problems=40, ids=None):
     """Eval records with per-problem outcomes: problems 0..c-1 correct at each eval point."""
     ids = ids or [f"task:eval:0:{i}" for i in range(problems)]
