@@ -148,6 +148,18 @@ def write_compare_report(seeds: dict[str, dict[str, list[str | Path]]], out_dir:
     return write_compare_page(compare(seeds, baseline), out_dir)
 
 
+def _read_at(result: dict) -> str:
+    """The compare page's sentence on which eval each run is read at (analysis.compare's `at_step`)."""
+    at_step = result.get("at_step")
+    if at_step is None:
+        return ""
+    if not isinstance(at_step, dict):
+        return f"Every run is read as it stood at its eval of step {at_step}. "
+    steps = ", ".join(f"{step} ({policy})" for policy, step in at_step.items())
+    others = " (the other policies at their last)" if set(result["policies"]) - set(at_step) else ""
+    return html.escape(f"Each run is read as it stood at its eval of step {steps}{others}. ")
+
+
 def write_compare_page(result: dict, out_dir: str | Path) -> Path:
     """write_compare_report's files from a comparison analysis.compare has made already."""
     baseline = result["baseline"]
@@ -170,11 +182,7 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
                                     f"Mean over {len(result['seeds'])} seed(s) and the eval problems; bands: "
                                     f"95% bootstrap over {result['interval'][policy]}. Dashed: the baseline's final "
                                     "accuracy; a star where a mode's mean first reaches it."))
-    at_step = result.get("at_step")
-    at = "" if at_step is None else (
-        f"Every run is read as it stood at its eval of step {at_step}. " if not isinstance(at_step, dict) else
-        "Each run is read as it stood at its eval of step " + html.escape(", ".join(
-            f"{step} ({policy})" for policy, step in at_step.items())) + " (the other policies at their last). ")
+    at = _read_at(result)
     body = (f"<p>{len(result['seeds'])} seed(s): {html.escape(', '.join(result['seeds']))}; baseline mode: "
             f"<b>{html.escape(baseline)}</b>. {at}Δ = the paired difference of final held-out accuracy to the "
             "baseline (same seed, same eval problem), with its 95% bootstrap interval, and the t-interval of the "

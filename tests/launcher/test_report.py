@@ -5,7 +5,7 @@ import pytest
 
 from mrl_launcher.analysis import compare
 from mrl_launcher.errors import LauncherError
-from mrl_launcher.report import write_compare_report, write_report
+from mrl_launcher.report import write_compare_page, write_compare_report, write_report
 
 G = 16  # rollouts per step
 
@@ -169,6 +169,9 @@ def test_compare_at_a_step_of_each_policy_cuts_only_the_policies_named(tmp_path)
     runs = _runs(tmp_path)
     result = compare({"s0": runs}, at_step={"qwen": 4})
     assert result["at_step"] == {"qwen": 4}
+    page = write_compare_page(result, tmp_path / "page").read_text()
+    assert "its eval of step 4 (qwen) (the other policies at their last)." in page
+    assert '"at_step": {\n    "qwen": 4' in (tmp_path / "page" / "compare.json").read_text()
     assert result["policies"]["qwen"]["prp"]["final_accuracy"] == 0.5                # step 4's, not 6's
     assert result["policies"]["llama"]["sgt"]["final_accuracy"] == 0.3               # its last eval, step 8's
     with pytest.raises(LauncherError, match=r"policy 'llama' evaluated at steps \[0, 2, 4, 6\], not at step 8"):
