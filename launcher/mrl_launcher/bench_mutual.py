@@ -40,8 +40,13 @@ the update's bookkeeping: planning its micro-batches, the guard's memory and tru
 W defaults to 300 s: a demo step of the slow policy takes about a minute on 2 cores. --quick (a smoke test of
 the plumbing, not a measurement): W = 10 s, 1 prompt × 2 samples of at most 4 tokens, no warm start.
 --arms runs a subset (alone, the ratios' reference, always); --topology another pair (default: the demo's).
+--frozen runs every trainer at loss.lr 0: each step samples, verifies, publishes, takes its peers' experience and
+computes its whole update, optimizer step included, and the weights stay as they are. The policies then write the
+same kind of answers in every arm, and the ratios measure what coupling and sharing cost. Without it they also
+measure what the policies learn from each other while the window runs (a policy that learns its peer's longer
+answers rolls out and trains on more tokens per step).
 
-The last stdout line is one JSON object: bench, quick, machine, cores, threads_per_trainer, seconds,
+The last stdout line is one JSON object: bench, quick, frozen, machine, cores, threads_per_trainer, seconds,
 topology, arms (the arms run), fast, slow, and one object per arm run: {"policies": {policy: {steps,
 steps_per_min, rollout_s_mean, update_s_mean, exchange_s_mean, cpu_s_mean, active_mean, tokens_mean, the
 update's parts[, peer_wait_s_mean, peers_complete_mean, peer_samples, sgt_accepted]}}}, plus
@@ -70,6 +75,7 @@ ARMS = {"alone": {"sharing.mode": "none"}, "lockstep": {"sharing.coupling": "loc
 THREADS = 1                    # torch threads per trainer
 RUN = {"steps": 1_000_000, "eval.every": 0, "checkpoint.every": 1_000_000, "metrics.progress": False}
 QUICK = {"rollout.group_size": 2, "rollout.prompts_per_step": 1, "rollout.max_new_tokens": 4, "warm_start": None}
+FROZEN = {"loss.lr": 0.0}     # --frozen: every step computes its update and the weights stay as they are
 FIRST_STEP_TIMEOUT_S = 1800    # model loads and warm starts (policy-b's 300 supervised steps, uncached)
 PEER_MEANS = ("peer_wait_s", "peers_complete")
 STEP_MEANS = ("rollout_s", "update_s", "cpu_s", "active", "tokens") + TIMINGS   # where a step's time went, its
@@ -168,7 +174,7 @@ def _line(arm: str, policies: dict) -> str:
 
 
 def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join(ARMS),
-         topology: str = "examples/mutual.yaml") -> dict:
+         topology: str = "examples/mutual.yaml", frozen: bool = False) -> dict:
     requested = arms.split(",")
     if "alone" not in requested or set(requested) - set(ARMS):
         raise LauncherError(f"--arms: a comma-separated list of {', '.join(ARMS)} that includes alone "
@@ -185,13 +191,14 @@ def main(quick: bool = False, seconds: float | None = None, arms: str = ",".join
     config.pop("report", None)
     if len(config.get("trainers") or []) < 2:
         raise LauncherError(f"{topology}: the bench needs a topology with at least two trainers")
-    common = {**RUN, **(QUICK if quick else {})}
+    common = {**RUN, **(QUICK if quick else {}), **(FROZEN if frozen else {})}
     machine = benchmarking.machine()
-    result = {"bench": "mutual", "quick": quick, "machine": machine, "cores": os.cpu_count(),
+    result = {"bench": "mutual", "quick": quick, "frozen": frozen, "machine": machine, "cores": os.cpu_count(),
               "threads_per_trainer": THREADS, "seconds": seconds, "topology": str(path), "arms": chosen}
     print(f"mrl bench mutual: {machine}\n  {topology}: {len(config['trainers'])} trainers, {THREADS} torch thread "
           f"each, all of them running in every arm (the same load); arms {', '.join(chosen)}, {seconds:g} s of "
-          f"training each, from the latest first-step start", flush=True)
+          f"training each, from the latest first-step start" + (" (frozen: lr 0, the policies do not change)"
+                                                                 if frozen else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="mrl-bench-mutual-") as tmp:
         configs = {arm: {**config, "data_dir": str(pathlib.Path(tmp) / arm)} for arm in chosen}
         overrides = {arm: {**common, **ARMS[arm]} for arm in chosen}

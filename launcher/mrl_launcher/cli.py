@@ -13,7 +13,10 @@ bench_mutual = bench_command(
                                   "--quick 10)"),
     arms=dict(default="alone,lockstep,async", help="comma-separated arms among alone, lockstep, async; alone is the "
                                                     "ratios' reference (default: all three)"),
-    topology=dict(default="examples/mutual.yaml", help="the topology of the co-trained policies (default: the demo's)"))
+    topology=dict(default="examples/mutual.yaml", help="the topology of the co-trained policies (default: the demo's)"),
+    frozen=dict(action="store_true", help="every trainer at lr 0: each step does all its work and the policies do not "
+                                          "change, so the arms differ only in what coupling and sharing cost, not in "
+                                          "what the policies learn (such as longer answers)"))
 
 
 class _RegisteredModes:

@@ -56,18 +56,20 @@ def test_a_setting_a_trainer_refuses_is_an_error_before_anything_starts(tmp_path
     assert not (tmp_path / "redis").exists()
 
 
-def _quick(tmp_path, arms: str) -> dict:
-    """`mrl bench mutual --quick --arms ARMS` through the command registry (launcher/pyproject.toml's entry point)."""
+def _quick(tmp_path, arms: str, *more: str) -> dict:
+    """`mrl bench mutual --quick --arms ARMS [MORE]` through the command registry (launcher/pyproject.toml's entry
+    point)."""
     declared = tomllib.loads((ROOT / "launcher" / "pyproject.toml").read_text())["project"]["entry-points"]
     assert declared["mrl.commands"]["bench.mutual"] == "mrl_launcher.cli:bench_mutual"
     code = ("from mrl.cli import build_parser; from mrl_launcher.cli import bench_mutual; args = build_parser("
             f"{{'bench.mutual': bench_mutual}}).parse_args(['bench', 'mutual', '--quick', '--arms', {arms!r}, "
-            f"'--topology', {str(MUTUAL)!r}]); args.run(args)")
+            f"'--topology', {str(MUTUAL)!r}, *{list(more)!r}]); args.run(args)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=270)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["bench"] == "mutual" and result["quick"] is True and result["machine"] and result["cores"] >= 1
     assert result["threads_per_trainer"] == 1 and result["seconds"] == 10.0 and result["arms"] == arms.split(",")
+    assert result["frozen"] is ("--frozen" in more)
     assert {result["fast"], result["slow"]} == {"policy-a", "policy-b"}
     for arm in result["arms"]:
         for policy in ("policy-a", "policy-b"):
@@ -92,3 +94,12 @@ def test_bench_mutual_quick_runs_every_arm(tmp_path):
     assert lockstep["policy-b"]["peer_samples"] > 0          # HACPO took policy-a's rollouts (through THL)
     assert "sgt_accepted" in lockstep["policy-a"]            # SGT ran (accepting needs a verified peer success)
     assert all(f["peer_wait_s_mean"] < 0.5 for f in result["async"]["policies"].values())     # nobody waits
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_mutual_frozen_runs_the_policies_at_lr_0(tmp_path):
+    """--frozen: every trainer at loss.lr 0 (the trainer keeps its weights: test_trainer_loop), so that the arms
+    differ in what coupling and sharing cost and not in what the policies learn."""
+    result = _quick(tmp_path, "alone,async", "--frozen")
+    assert result["async"]["policies"]["policy-b"]["steps"] >= 1

@@ -135,6 +135,23 @@ def test_a_slow_policys_guided_contexts_keep_the_peer_groups_it_chose_them_for()
     assert b["xgrpo_pooled"] >= group * (1 + b["peer_guided"] / settings.prompts_per_step)
 
 
+def test_the_testbeds_async_inbox_offers_only_what_is_within_the_bound_as_the_trainers_does():
+    """PeerInbox.offered prunes before it offers: a context whose only peer experience is a group older than the
+    peer's own version lag is not chosen for guidance (its group would be dropped at the hold)."""
+    from mrl.experience import new_experience
+    from mrl.v1 import experience_pb2 as pb
+    from mrl_launcher.lab.exchange import AsyncInbox
+
+    def stats(version, prompt_id, rewards):
+        return new_experience("run", "a", version, pb.GroupStats(prompt_id=prompt_id, group_id="g", rewards=rewards),
+                              f"a.{version}.{prompt_id}")
+    inbox = AsyncInbox(("group_stats",), max_staleness=1)
+    inbox.deliver([stats(0, "old", [1.0, 0.0]), stats(3, "new", [1.0, 0.0])])
+    assert inbox.offered() == ["new"]
+    inbox.hold(["new"])
+    assert list(inbox.index.entries) == ["new"] and inbox.index.held == {"new"}
+
+
 @pytest.mark.parametrize("coupling", ["lockstep", "async"])
 def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_loss(coupling):
     """`-alone`: the mode's objective without peers. SGT's, XGRPO's and PRP's own loss is the trainer's (GRPO),

@@ -108,6 +108,21 @@ def test_mixed_precision_keeps_float32_weights_and_runs_the_forwards_in_bfloat16
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))
 
 
+def test_lr_0_computes_the_update_and_keeps_every_weight(tmp_path):
+    """loss.lr 0 (mrl bench mutual --frozen): the step's loss, gradient and optimizer step run, and the weights
+    stay bit for bit as they were."""
+    trainer = build_trainer(TrainerConfig.model_validate(tiny_config(tmp_path, **{"loss.lr": 0.0})))
+    batch = trainer.rollout(0)
+    batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    before = [p.detach().clone() for p in trainer.params]
+    stats = trainer.update(batch)
+    trainer.close()
+    assert "skipped" not in stats and stats["grad_norm"] > 0 and trainer.optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params))
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        TrainerConfig.model_validate(tiny_config(tmp_path, **{"loss.lr": -1e-6}))
+
+
 def test_mini_batches_step_on_k_times_their_share_of_the_whole_step_loss(tmp_path):
     """loss.mini_batches = 2 on 2 prompts: two optimizer steps; the first steps on 2·∇L_0, L_0 = prompt 0's share
     of the whole-step loss (the same normalisers), which a full-batch step gets when prompt 1 has no advantage."""

@@ -88,7 +88,8 @@ def receive(experiences: list, *, step: int, prompt_ids: list[str], kinds: tuple
 
 class AsyncInbox:
     """What PeerInbox keeps under the async coupling (mrl.peers), fed in process: the kinds the receiver
-    subscribes to, kept across steps in an async PeerIndex; `receive` takes a batch's prompts as collect(…, 0)."""
+    subscribes to, kept across steps in an async PeerIndex; `offered` and `hold` as PeerInbox's, and `receive`
+    takes a batch's prompts as collect(…, 0)."""
 
     def __init__(self, kinds: tuple[str, ...], max_staleness: int):
         self.subscribed = {*kinds, "group_stats"}
@@ -98,6 +99,15 @@ class AsyncInbox:
         for e in experiences:
             if kind_of(e) in self.subscribed:
                 self.index.add(e)
+
+    def offered(self, solved: set[str] | frozenset = frozenset()) -> list[str]:
+        """PeerInbox.offered: what is stale dropped first, then the prompts with peer experience, rescues first."""
+        self.index.prune()
+        return self.index.offered(solved)
+
+    def hold(self, prompt_ids: list[str]) -> None:
+        """PeerInbox.hold: the batch chosen, its peer experience kept until `receive`."""
+        self.index.hold(prompt_ids)
 
     def receive(self, prompt_ids: list[str], retokenize: Retokenizer) -> tuple[PeerBatch, dict[str, float]]:
         self.index.prune()

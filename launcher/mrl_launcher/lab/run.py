@@ -312,8 +312,8 @@ def _guided(k: _Policy, bandit: Bandit, t: int, size: int, share: float) -> tupl
     """As Trainer.problems under the async coupling: up to ⌊share·P⌋ contexts the peer published (its successes
     k has not solved first), then step t's own schedule for the rest; their peer experience held (PeerIndex.hold)."""
     by_id = {p.prompt_id: p for p in bandit.problems}
-    problems, guided = guided_batch(k.inbox.index.offered(k.solved), by_id.get, bandit.batch(t, size), size, share)
-    k.inbox.index.hold([p.prompt_id for p in problems])
+    problems, guided = guided_batch(k.inbox.offered(k.solved), by_id.get, bandit.batch(t, size), size, share)
+    k.inbox.hold([p.prompt_id for p in problems])
     return problems, guided
 
 

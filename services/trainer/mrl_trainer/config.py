@@ -54,7 +54,9 @@ class LossConfig(Section):
                                                     "(0.28 in DAPO; GSPO: 4e-4).")
     beta: float = Field(0.0, ge=0, description="Weight of the k3 KL to the initial (reference) policy; "
                                                "0 keeps no reference model.")
-    lr: float = Field(1e-6, gt=0)
+    lr: float = Field(1e-6, ge=0, description="AdamW's learning rate; 0 keeps the weights as they are (every "
+                                              "step computes its update and changes nothing: a benchmark's fixed "
+                                              "work per step).")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     updates_per_step: int = Field(1, ge=1, description="μ: optimizer updates on each batch (1: on-policy, "
