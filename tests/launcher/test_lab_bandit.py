@@ -214,6 +214,10 @@ def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guid
     (["--contexts", "0"], "contexts 0"),
     (["--p-strong", "1.5"], "p_strong 1.5"),
     (["--lr", "0"], "lr 0.0"),
+    (["--tune-lr", "0,0.15"], "lr 0.0"),
+    (["--tune-lr", "0.15", "--lr", "0.3"], "--lr and --tune-lr"),
+    (["--tune-lr", "0.15", "--tune-first-seed", "20"], "overlap the reported seeds 0–29"),
+    (["--tune-lr", "0.15", "--tune-first-seed", "-1"], "--tune-first-seed -1"),
 ])
 def test_a_bad_point_or_setting_is_a_clear_error_before_any_run(args, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -221,3 +225,31 @@ def test_a_bad_point_or_setting_is_a_clear_error_before_any_run(args, message, c
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "mrl lab bandit: error:" in err and message in err, err
+
+
+def _json_of(args: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["lab", "bandit", "--quick", "--gap", "1", "--workers", "1", *args])
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_tune_lr_compares_every_mode_with_solo_at_its_best_rate_found_on_other_seeds(tmp_path):
+    result = _json_of(["--modes", "none,sgt", "--tune-lr", "2.4,0.15", "--out", str(tmp_path)])
+    point = result["points"][0]
+    tuning = point["lr_tuning"]
+    assert result["tune_lr"] == [0.15, 2.4] and tuning["seeds"] == [1000, 1002]
+    for lr, final in tuning["solo_final"].items():      # solo alone on the tuning seeds, at each rate
+        alone = _json_of(["--modes", "none", "--lr", lr, "--first-seed", "1000"])["points"][0]["modes"]["none"]
+        assert final == alone["final_mean"], lr
+    best = max(tuning["solo_final"], key=tuning["solo_final"].get)
+    assert tuning["solo_final"]["2.4"] != tuning["solo_final"]["0.15"] and point["lr"] == float(best)
+    at_best = _json_of(["--modes", "none,sgt", "--lr", best])["points"][0]["modes"]    # the reported seeds 0–2
+    for mode in ("none", "sgt"):
+        assert point["modes"][mode]["finals"] == at_best[mode]["finals"], mode
+    assert f"lr {best}, solo's best on seeds 1000–1002" in (tmp_path / "report.md").read_text()
+
+
+def test_tune_lr_takes_the_smallest_of_rates_where_solo_ends_level():
+    point = _json_of(["--modes", "none", "--tune-lr", "2e-6,1e-6"])["points"][0]     # too small to move: level
+    assert point["lr_tuning"]["solo_final"] == {"1e-06": 0.5, "2e-06": 0.5} and point["lr"] == 1e-6

@@ -43,7 +43,14 @@ def bandit(parser):
     more.add_argument("--contexts", type=int)
     more.add_argument("--p-strong", type=float, help="initial success on a policy's strong contexts (0.5)")
     more.add_argument("--p-weak", type=float, help="initial success on its weak contexts (0.02)")
-    more.add_argument("--lr", type=float)
+    more.add_argument("--lr", type=float, help="AdamW's learning rate of every policy (0.15)")
+    more.add_argument("--tune-lr", type=floats, metavar="LR,LR,…",
+                      help="solo's learning rate tuned per point: GRPO alone runs at each of these rates on the "
+                           "tuning seeds, and every mode runs at the rate where solo ended highest (so sharing is "
+                           "compared with solo at its best; e.g. 0.0375,0.075,0.15,0.3,0.6,1.2,2.4)")
+    more.add_argument("--tune-first-seed", type=int, default=1000,
+                      help="with --tune-lr: the tuning seeds are tune-first-seed, … (as many as --seeds; default "
+                           "%(default)s; they may not overlap the reported seeds)")
 
     def run(args) -> None:
         import time
@@ -54,11 +61,11 @@ def bandit(parser):
 
         from mrl_launcher.lab.figures import point_title, write_page
         from mrl_launcher.lab.point import Settings, sweep_points
-        from mrl_launcher.lab.run import run_points
+        from mrl_launcher.lab.run import run_points, tuned_learning_rates
         from mrl_launcher.lab.stats import summarize_point
         from mrl_trainer.sharing import SHARING_MODES
         from mrl.errors import InvalidArgument
-        for name, least in (("seeds", 1), ("workers", 1), ("first_seed", 0)):
+        for name, least in (("seeds", 1), ("workers", 1), ("first_seed", 0), ("tune_first_seed", 0)):
             if getattr(args, name) is not None and getattr(args, name) < least:
                 raise InvalidArgument(f"--{name.replace('_', '-')} {getattr(args, name)}: expected at least {least}")
         settings = Settings(**QUICK) if args.quick else Settings()
@@ -70,24 +77,52 @@ def bandit(parser):
         points = sweep_points(base) if args.sweep else [base]
         modes = args.modes.split(",") if args.modes else list(SHARING_MODES)
         seeds = list(range(args.first_seed, args.first_seed + (args.seeds or (3 if args.quick else 30))))
+        tuning = None
+        if args.tune_lr:
+            if args.lr is not None:
+                raise InvalidArgument("--lr and --tune-lr: give one rate or the rates to tune over, not both")
+            tuning = list(range(args.tune_first_seed, args.tune_first_seed + len(seeds)))
+            if set(tuning) & set(seeds):
+                raise InvalidArgument(f"--tune-first-seed {args.tune_first_seed}: the tuning seeds "
+                                      f"{tuning[0]}–{tuning[-1]} overlap the reported seeds {seeds[0]}–{seeds[-1]}; "
+                                      "tune on other seeds than you report")
+            for lr in args.tune_lr:
+                replace(settings, lr=lr)      # InvalidArgument on a rate that is not one
         print(f"mrl lab bandit: {len(points)} point(s) × {len(modes)} modes × {len(seeds)} seeds, "
               f"{settings.steps} steps of {settings.prompts_per_step} contexts × G, {args.workers} worker(s)",
               flush=True)
+        per_point = settings
+        if tuning:
+            print(f"solo's learning rate per point, from {', '.join(map(str, sorted(set(args.tune_lr))))} on seeds "
+                  f"{tuning[0]}–{tuning[-1]}:", flush=True)
+            tuned = tuned_learning_rates(points, settings, args.tune_lr, tuning, args.workers)
+            for point, t in zip(points, tuned):
+                print(f"  {point_title(asdict(point))}: lr {t['lr']:g} (solo "
+                      + ", ".join(f"{lr:g} → {v:.3f}" for lr, v in t["solo_final"].items()) + ")", flush=True)
+            per_point = [replace(settings, lr=t["lr"]) for t in tuned]
         summaries: list[dict | None] = [None] * len(points)
         cpu = [0.0]
 
         def on_point(index: int, runs: dict) -> None:
             cpu[0] += sum(r["cpu_s"] for seeds_ in runs.values() for r in seeds_)
             summaries[index] = {"point": asdict(points[index]), "modes": summarize_point(runs)}
+            if tuning:
+                t = tuned[index]
+                summaries[index]["lr"] = t["lr"]
+                summaries[index]["lr_tuning"] = {"seeds": [tuning[0], tuning[-1]],
+                                                 "solo_final": {f"{lr:g}": v for lr, v in t["solo_final"].items()}}
             print(f"point {index + 1}/{len(points)}: {point_title(summaries[index]['point'])} "
+                  f"{'(lr ' + format(tuned[index]['lr'], 'g') + ') ' if tuning else ''}"
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
             for mode, e in summaries[index]["modes"].items():
                 print("  " + _line(mode, e), flush=True)
 
-        run_points(points, settings, modes, seeds, args.workers, on_point)
+        run_points(points, per_point, modes, seeds, args.workers, on_point)
         seconds = time.perf_counter() - start
         result = {"points": summaries, "settings": asdict(settings), "seeds": len(seeds), "seconds": seconds,
                   "run_cpu_seconds": cpu[0], "workers": args.workers}
+        if tuning:      # each point's "lr" replaces settings.lr there
+            result["tune_lr"] = sorted(set(args.tune_lr))
         if args.out:
             command = "mrl lab bandit " + " ".join(sys.argv[sys.argv.index("bandit") + 1:]) \
                 if "bandit" in sys.argv else "mrl lab bandit"

@@ -117,7 +117,11 @@ def write_page(result: dict, out: str | pathlib.Path, command: str) -> pathlib.P
              "![trade-off](tradeoff.png)\n", "![trade-off, relative variance](tradeoff_rel.png)\n",
              "![success curves](curves.png)\n"]
     for p in result["points"]:
-        parts.append(f"## {point_title(p['point'])}\n\n{table(p)}\n")
+        tuned = (f"\n\nlr {p['lr']:g}, solo's best on seeds {p['lr_tuning']['seeds'][0]}–{p['lr_tuning']['seeds'][1]} "
+                 "(solo's final success by rate: "
+                 + ", ".join(f"{lr} → {v:.3f}" for lr, v in p["lr_tuning"]["solo_final"].items()) + ")"
+                 if "lr" in p else "")
+        parts.append(f"## {point_title(p['point'])}{tuned}\n\n{table(p)}\n")
     path = out / "report.md"
     path.write_text("\n".join(parts))
     return path

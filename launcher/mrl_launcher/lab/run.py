@@ -38,7 +38,7 @@ import collections
 import copy
 import multiprocessing
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ from mrl_trainer.update import gradient, update
 from mrl_trainer.peers import Retokenizer
 from mrl_trainer.sharing import PeerBatch, Verifier, make_sharing, sharing_config
 
-__all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points"]
+__all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points", "tuned_learning_rates", "team_final"]
 
 POLICIES = ("a", "b")
 
@@ -413,14 +413,16 @@ def _work(task):
     return index, run_one(point, settings, mode, seed)
 
 
-def run_points(points: list[Point], settings: Settings, modes: list[str], seeds: list[int], workers: int,
-               on_point=lambda index, runs: None) -> list[dict]:
-    """Every (point, mode, seed), `workers` processes; on_point(index, {mode: [runs by seed]}) as each point ends."""
+def run_points(points: list[Point], settings: Settings | list[Settings], modes: list[str], seeds: list[int],
+               workers: int, on_point=lambda index, runs: None) -> list[dict]:
+    """Every (point, mode, seed), `workers` processes; on_point(index, {mode: [runs by seed]}) as each point ends.
+    `settings`: the same for every point, or one per point (a learning rate tuned per point: tuned_learning_rates)."""
     for m in modes:
         mode_config(m)            # fail early on a bad spec
     for p in points:
         _vocabs(p.tokenizers)     # fail early on a missing tokenizer
-    tasks = [(i, p, settings, m, s) for i, p in enumerate(points) for s in seeds for m in modes]
+    per_point = settings if isinstance(settings, list) else [settings] * len(points)
+    tasks = [(i, p, per_point[i], m, s) for i, p in enumerate(points) for s in seeds for m in modes]
     results: list[dict] = [{m: [] for m in modes} for _ in points]
     left = [len(seeds) * len(modes)] * len(points)
 
@@ -444,3 +446,27 @@ def run_points(points: list[Point], settings: Settings, modes: list[str], seeds:
             take(index, run)
     return results
 
+
+
+def team_final(run: dict) -> float:
+    """A run's final success: its two policies' greedy success at the last eval, averaged."""
+    return sum(run["policies"][p]["curve"][-1] for p in POLICIES) / len(POLICIES)
+
+
+def tuned_learning_rates(points: list[Point], settings: Settings, grid: list[float], seeds: list[int],
+                         workers: int) -> list[dict]:
+    """Solo's own learning rate at each point, so that every mode is compared with solo GRPO at its best: solo
+    (`none`) runs on `seeds` (tuning seeds, never the reported ones) at every rate of `grid`, and the point takes
+
+        lr* = argmax_lr  mean_seeds final success of solo at lr        (the smallest rate among equal means)
+
+    Per point: {"lr": lr*, "solo_final": {lr: that mean, for each rate of the grid}}."""
+    rates = sorted(set(grid))
+    expanded = [(p, replace(settings, lr=lr)) for p in points for lr in rates]
+    runs = run_points([p for p, _ in expanded], [s for _, s in expanded], ["none"], seeds, workers)
+    tuned = []
+    for i in range(len(points)):
+        finals = {lr: sum(map(team_final, runs[i * len(rates) + j]["none"])) / len(seeds)
+                  for j, lr in enumerate(rates)}
+        tuned.append({"lr": max(rates, key=lambda lr: finals[lr]), "solo_final": finals})
+    return tuned

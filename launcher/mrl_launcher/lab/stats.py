@@ -16,7 +16,7 @@
 """
 from mrl_launcher.analysis import rollouts_to
 from mrl_launcher.intervals import mean_ci
-from mrl_launcher.lab.run import POLICIES
+from mrl_launcher.lab.run import POLICIES, team_final
 from mrl_trainer.update import TIMINGS
 
 __all__ = ["summarize_point", "SHARING_KEYS"]
@@ -46,7 +46,7 @@ def _mean(values):
 def summarize_point(runs: dict[str, list[dict]]) -> dict:
     """{mode: [runs sorted by seed]} → {mode: summary} (module docstring)."""
     solo = runs.get("none")
-    solo_final = {r["seed"]: _team(r, "curve")[-1] for r in solo} if solo else {}
+    solo_final = {r["seed"]: team_final(r) for r in solo} if solo else {}
     solo_mean = sum(solo_final.values()) / len(solo_final) if solo_final else None
     out = {}
     for mode, seeds in runs.items():
