@@ -206,9 +206,9 @@ def test_pooled_advantages_match_grpo_without_peers_and_pool_with_them():
     assert torch.allclose(pooled_advantages(own, [], scale=True)[0], grpo)
     a, moved = pooled_advantages(own, [1.0, 1.0, 1.0], scale=False)
     assert torch.allclose(a, own - 4 / 6) and not moved
-    a, moved = pooled_advantages(torch.zeros(3), [1.0], scale=True)                  # all failed, a peer succeeded
-    assert bool((a < 0).all()) and moved
-    a, moved = pooled_advantages(torch.zeros(3), [1.0], scale=True, uniform_groups="zero")
+    a, moved = pooled_advantages(torch.zeros(3), [1.0], scale=True, uniform_groups="pooled")   # all failed, a
+    assert bool((a < 0).all()) and moved                                                        # peer succeeded
+    a, moved = pooled_advantages(torch.zeros(3), [1.0], scale=True)                             # the default
     assert bool((a == 0).all()) and moved
     a, _ = pooled_advantages(torch.tensor([1.0, math.nan, 0.0]), [0.0], scale=False)  # unscorable: out, A = 0
     assert a.tolist() == pytest.approx([2 / 3, 0.0, -1 / 3])

@@ -94,8 +94,8 @@ def test_the_sweep_moves_one_axis_at_a_time_around_the_default_point():
 def test_mode_variants_are_specs_of_a_modes_own_fields():
     from mrl.errors import FailedPrecondition
     from mrl_launcher.lab.run import mode_config
-    assert mode_config("xgrpo").xgrpo.uniform_groups == "pooled"
-    assert mode_config("xgrpo:uniform_groups=zero").xgrpo.uniform_groups == "zero"
+    assert mode_config("xgrpo").xgrpo.uniform_groups == "zero"
+    assert mode_config("xgrpo:uniform_groups=pooled").xgrpo.uniform_groups == "pooled"
     cfg = mode_config("sgt:normalize=prompts:lam=0.2", max_staleness=2)
     assert (cfg.mode, cfg.sgt.normalize, cfg.sgt.lam, cfg.max_staleness) == ("sgt", "prompts", 0.2, 2)
     assert mode_config("sgt").guard.enabled and not mode_config("sgt-unguarded").guard.enabled

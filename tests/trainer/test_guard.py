@@ -99,7 +99,7 @@ def test_the_memory_keeps_the_newest_own_success_of_the_most_recently_solved_pro
 
 def test_the_update_projects_against_the_remembered_successes_and_a_checkpoint_keeps_them():
     rewards = [[1, 0, 0, 1], [0, 0, 0, 0]]
-    batch, peers = make_batch(rewards), PeerBatch(group_rewards={1: [1, 1, 0, 0]})
+    batch, peers = make_batch(rewards), PeerBatch(group_rewards={0: [0, 0, 0, 0]})     # the pool moves group 0
     sharing = make_sharing(sharing_config(mode="xgrpo", guard={"memory": 8}), LossConfig())
     table = _Table()
     optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
@@ -121,7 +121,7 @@ def test_the_update_says_where_its_time_went():
     table = _Table()
     optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
     for mode, peers, ran in [
-            ("xgrpo", PeerBatch(group_rewards={1: [1, 1, 0, 0]}), {"own", "solo", "memory", "guard", "optimizer"}),
+            ("xgrpo", PeerBatch(group_rewards={0: [0, 0, 0, 0]}), {"own", "solo", "memory", "guard", "optimizer"}),
             ("sgt", PeerBatch(successes={1: [peer(1, 3, 1.0, text="a1")]}),      # g_s: a copy
              {"own", "solo", "extras", "guard", "optimizer"}),
             ("none", PeerBatch(), {"own", "optimizer"})]:

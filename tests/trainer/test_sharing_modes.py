@@ -142,9 +142,9 @@ def test_xgrpo_uniform_groups_pooled_pushes_an_all_failed_group_down_and_zero_le
     """Own group 0 all failed, a peer succeeded on it; own group 1 has a spread."""
     batch = make_batch([[0, 0, 0, 0], [0, 1, 1, 0]])
     peers = PeerBatch(group_rewards={0: [1, 1, 0, 0], 1: [1, 1, 1, 1]})
-    pooled = plan_of(mode("xgrpo"), batch, peers)
+    pooled = plan_of(mode("xgrpo", xgrpo={"uniform_groups": "pooled"}), batch, peers)
     assert bool((pooled.advantages[:4] < 0).all()) and pooled.stats["xgrpo_uniform"] == 1
-    zero = plan_of(mode("xgrpo", xgrpo={"uniform_groups": "zero"}), batch, peers)
+    zero = plan_of(mode("xgrpo"), batch, peers)                                    # the default
     assert torch.equal(zero.advantages[:4], torch.zeros(4)) and zero.stats["xgrpo_uniform"] == 1
     assert torch.equal(zero.advantages[4:], pooled.advantages[4:])        # a group with a spread: as pooled
     assert plan_of(mode("xgrpo"), batch, PeerBatch()).stats["xgrpo_uniform"] == 0    # no pool: GRPO's zeros
@@ -466,9 +466,9 @@ def test_peer_pool_uniform_groups_pooled_pushes_an_all_failed_group_down_and_zer
     GRPO's A = 0 and the peer's samples keep their pooled advantages."""
     batch = make_batch([[0, 0, 0, 0], [0, 1, 1, 0]])
     peers = PeerBatch(rollouts={0: [peer(0, 3, 1.0), peer(0, 2, 0.0)], 1: [peer(1, 2, 1.0)]})
-    pooled = plan_of(mode(name), batch, peers, capability=0.5)
+    pooled = plan_of(mode(name, **{name: {"uniform_groups": "pooled"}}), batch, peers, capability=0.5)
     assert bool((pooled.advantages[:4] < 0).all()) and pooled.stats[f"{name}_uniform"] == 1
-    zero = plan_of(mode(name, **{name: {"uniform_groups": "zero"}}), batch, peers, capability=0.5)
+    zero = plan_of(mode(name), batch, peers, capability=0.5)                       # the default
     assert torch.equal(zero.advantages[:4], torch.zeros(4)) and zero.stats[f"{name}_uniform"] == 1
     assert torch.equal(zero.advantages[4:], pooled.advantages[4:])        # a group with a spread: as pooled
     assert [e.advantage for e in zero.extras] == [e.advantage for e in pooled.extras] != []

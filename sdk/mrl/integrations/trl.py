@@ -88,7 +88,7 @@ class Mutual:
     align: object | None = None            # an mrl.AlignClient (THL): required for peers of another tokenizer
     success_reward: float = 1.0            # a completion whose reward reaches it is a verified success
     window: int = 5                        # capability P̂ = mean batch reward over the last `window` steps
-    uniform_groups: Literal["pooled", "zero"] = "pooled"      # xgrpo
+    uniform_groups: Literal["pooled", "zero"] = "zero"        # xgrpo
     lam: float = 0.1                       # sgt: λ
     per_prompt: int = 1                    # sgt: most accepted peer successes per rescued prompt
     tau: float = 0.0                       # sgt: rescue a prompt when the own success rate ≤ τ
@@ -118,7 +118,7 @@ class Mutual:
             raise InvalidArgument(f"tau is {self.tau}; it is a success rate, in [0, 1]")
 
 
-def pooled_advantages(own: Tensor, peer: list[float], scale: bool, uniform_groups: str = "pooled"
+def pooled_advantages(own: Tensor, peer: list[float], scale: bool, uniform_groups: str = "zero"
                       ) -> tuple[Tensor, bool]:
     """XGRPO (Mutual RL): the advantages of one prompt's own G completions against a baseline pooled with the
     rewards its peers published for the same prompt; and whether an own group of equal rewards was moved.
@@ -128,8 +128,8 @@ def pooled_advantages(own: Tensor, peer: list[float], scale: bool, uniform_group
         A_i^k  =  R_i^k − mean(pool_x)                               no scale (scale_rewards="none")
 
     std is the unbiased (n − 1) standard deviation, ε = 1e-4 (TRL's and mrl's). A pool of equal rewards gives
-    A = 0. An own group of equal rewards in a pool that differs: uniform_groups "pooled" scores it against the
-    pool (the paper), "zero" leaves A = 0 as GRPO. Unscorable own completions (NaN reward, TRL: every reward
+    A = 0. An own group of equal rewards in a pool that differs: uniform_groups "zero" (the default) leaves A = 0
+    as GRPO, "pooled" scores it against the pool (the paper). Unscorable own completions (NaN reward, TRL: every reward
     function returned None) stay out of the pool and get A = 0, as TRL gives them. own: (G,); returns (G,)."""
     ok = ~torch.isnan(own)
     pool = torch.cat([own[ok], torch.tensor(peer, dtype=own.dtype, device=own.device)])

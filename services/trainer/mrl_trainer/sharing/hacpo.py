@@ -19,8 +19,8 @@ each peer rollout re-scored by k's own verifier: a peer's claimed reward is neve
 for own and peer samples alike. Safeguards: all n rewards equal → A = 0; μ̂ > 1 → μ̂ = k's own
 group mean. An own group whose G rewards are all equal while the pool's differ gets one advantage for all its
 samples (all failed and a peer succeeded → every own sample pushed down, with no direction toward anything;
-all succeeded beside a failing peer → all pushed up). `uniform_groups` chooses: `pooled` scores them against μ̂
-(the paper), `zero` keeps their A = 0 as GRPO does (the peer samples keep theirs). Own samples take the GSPO
+all succeeded beside a failing peer → all pushed up). `uniform_groups` chooses: `zero` [the default] keeps their A = 0
+as GRPO does (the peer samples keep theirs), `pooled` scores them against μ̂ (the paper). Own samples take the GSPO
 loss (sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL).
 A peer sample y^j (k's tokens, THL-retokenized) takes exponential importance sampling with
 stepwise clipping, no min():
@@ -68,7 +68,7 @@ class HACPOConfig(Section):
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
     aggregation: Aggregation = Field("seq-mean-token-mean", description="GSPO's (one term per sequence); "
                                                                         "token sums weight sequences by length.")
-    uniform_groups: UniformGroups = Field("pooled", description=UNIFORM_GROUPS_HELP)
+    uniform_groups: UniformGroups = Field("zero", description=UNIFORM_GROUPS_HELP)
     screen: bool = Field(True, description="Forward the peer samples first without autograd and only those "
                                            "whose s lies within the clip with it: the same update, without the "
                                            "backward of the clipped ones (false: every one forwarded with it).")

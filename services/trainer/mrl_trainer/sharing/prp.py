@@ -20,8 +20,8 @@ stopped-gradient weight (a truncated importance-sampled policy gradient):
 Both parts are aggregated like the trainer's loss with the pooled totals (own + peer sequences
 and tokens), so a peer trajectory counts as one more member of the group. An own group whose rewards
 are all equal while the pool's differ gets one advantage for all its samples (all failed and a peer
-succeeded → all pushed down); `uniform_groups` chooses `pooled` (the paper) or `zero` (GRPO's A = 0 for
-them; the peer samples keep theirs), counted in prp_uniform. PRP pays density-ratio
+succeeded → all pushed down); `uniform_groups` chooses `zero` (the default: GRPO's A = 0 for
+them; the peer samples keep theirs) or `pooled` (the paper), counted in prp_uniform. PRP pays density-ratio
 variance and the THL residual; both are logged: prp_rho_mean, prp_log_rho_var, prp_truncated
 (share with ρ > c), and the trainer's thl_* residual statistics.
 """
@@ -41,7 +41,7 @@ __all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
 class PRPConfig(Section):
     c: float = Field(1.0, gt=0, description="Truncation of the peer density ratio: ρ̄ = min(ρ, c).")
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
-    uniform_groups: UniformGroups = Field("pooled", description=UNIFORM_GROUPS_HELP)
+    uniform_groups: UniformGroups = Field("zero", description=UNIFORM_GROUPS_HELP)
 
 
 def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor,

@@ -14,9 +14,9 @@ An own group whose rewards are all equal (all failed, or all succeeded) while th
 the same advantage for every sample: all failed and a peer succeeded → every own sample is pushed
 down, away from everything k sampled, with no direction toward anything. `uniform_groups` chooses:
 
+    zero     [the default] such a group keeps A = 0, as GRPO gives it: the pooled baseline only re-centres
+             own groups with a spread of rewards
     pooled   A_i^k as above (the paper)
-    zero     such a group keeps A = 0, as GRPO gives it: the pooled baseline only re-centres own groups
-             with a spread of rewards
 
 Stats: xgrpo_pooled = mean pool size per prompt; xgrpo_uniform = own groups with equal rewards whose
 pooled advantage is not 0 (pushed all one way under "pooled", zeroed under "zero").
@@ -34,11 +34,11 @@ __all__ = ["XGRPO", "XGRPOConfig", "pooled_advantages"]
 
 
 class XGRPOConfig(Section):
-    uniform_groups: UniformGroups = Field("pooled", description=UNIFORM_GROUPS_HELP)
+    uniform_groups: UniformGroups = Field("zero", description=UNIFORM_GROUPS_HELP)
 
 
 def pooled_advantages(own: list[list[float]], peer: dict[int, list[float]], scale: bool,
-                      uniform_groups: str = "pooled") -> tuple[torch.Tensor, int]:
+                      uniform_groups: str = "zero") -> tuple[torch.Tensor, int]:
     """A^k (P·G,) of own samples against a baseline pooled with the peers' rewards for the same prompt, and the
     number of own groups with equal rewards whose pooled advantage is not 0."""
     rewards, groups, is_own = [], [], []
