@@ -29,7 +29,7 @@ __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier"
 UniformGroups = Literal["pooled", "zero"]   # an own group of equal rewards under a pooled baseline: scored or left at 0
 UNIFORM_GROUPS_HELP = ("An own group whose rewards are all equal while the pool's differ: 'zero' keeps A = 0 as GRPO "
                        "does; 'pooled' scores it against the pooled baseline (the paper: all failed → every sample "
-                       "pushed down; on the testbed it cost 0.04–0.24 of final success against solo at its best "
+                       "pushed down; on the testbed it cost 0.03–0.24 of final success against solo at its best "
                        "learning rate).")
 
 
