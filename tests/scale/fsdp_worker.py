@@ -39,7 +39,8 @@ def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resum
     if ranks.sharded:
         distributed.shard(model)
     loss = LossConfig(lr=1e-3, mini_batches=2, micro_batch_tokens=30)
-    sharing = make_sharing(sharing_config(mode=mode), loss)
+    pushed = {"xgrpo": {"uniform_groups": "pooled"}} if mode == "xgrpo" else {}    # a peer term the guard projects
+    sharing = make_sharing(sharing_config(mode=mode, **pushed), loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=loss.lr)
     batch = make_batch(REWARDS, LENGTHS)
     logprobs = lambda prompts, completions: completion_logprobs(model, prompts, completions, 0, 1.0)  # noqa: E731
