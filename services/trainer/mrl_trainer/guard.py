@@ -58,13 +58,14 @@ own gradient then takes no peer term. PRP's, XGRPO's and HACPO's peer terms are 
 own term; on the testbed the cap cost them up to 0.04 of final success (XGRPO at the strongest interference),
 so they are not capped by default.
 
-Costs: three gradient-sized buffers (g_s, which becomes the step's peer direction; the last step's direction;
-g_r; d and the combination are made in place of g_m), one forward and backward over
-the recalled successes per step with a peer term (with a memory), and computing g_s. An own sample whose
-advantage the mode left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's
-on prompts no peer reached) adds to the solo loss c times what it adds to the mode's own loss, where
-c = D / D_solo is the ratio of the two normalisers (1 but for PRP and HACPO, which count the peer samples):
-its part of g_s is c times a copy of its accumulated gradient, no extra compute. Each micro-batch of samples
+Costs: three gradient-sized buffers (g_s, in which the combination is made; the last step's direction; g_r; d
+and τ·d⊥, the step's peer direction, are made in place of g_m), one forward and backward over the recalled
+successes per step with a peer term (with a memory), and computing g_s. An own sample whose advantage the mode
+left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer
+reached) adds to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio
+of the two normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a
+copy of its accumulated gradient, no extra compute; where every own sample is such a one and c = 1 (SGT), the
+accumulated gradient is g_s itself, moved out before the peer term's backward, which then leaves d alone. Each micro-batch of samples
 whose advantage the mode changed takes one more backward (the solo loss, from the same forward; under torchrun
 a forward and backward of its own); mrl_trainer.update sorts the samples on exact equality.
 
@@ -166,21 +167,26 @@ class Guard:
         return [list(key) for key in chosen], [self.memory[key] for key in chosen]
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks(),
-                remembered: list[torch.Tensor | None] | None = None) -> dict[str, float]:
-        """p.grad ← g_s + w·d⊥ in place (w = τ, with max_ratio min(τ, κ‖g_s‖/‖d⊥‖)), where p.grad holds g_m and
+                remembered: list[torch.Tensor | None] | None = None, peer_only: bool = False) -> dict[str, float]:
+        """p.grad ← g_s + w·d⊥ (w = τ, with max_ratio min(τ, κ‖g_s‖/‖d⊥‖)), where p.grad holds g_m (with
+        `peer_only`, d itself: the update moved the own gradient out as g_s before the peer term's backward) and
         `solo` g_s (None: 0), and `remembered` g_r, the gradient of the remembered successes' NLL (None: no
         memory): d⊥ is then also projected against it. The evidence: agreement cos(d, g_s) and hindsight
         cos(last step's peer term, g_s) (nan without one), projected (0 or 1; projection: tensor, the share of
         parameter tensors projected), with a memory remembered (0 or 1, or that share: d⊥ lowered the
         likelihood of the remembered successes), and with max_ratio capped (1: w < τ).
 
-        No gradient-sized buffer is allocated: d and then g_s + τ·d⊥ are made in place of g_m, and the peer
-        direction kept for the next step's hindsight, τ·d⊥ = (g_s + τ·d⊥) − g_s, in place of g_s (`solo` is
-        consumed). The inner products are float32 chunks summed in float64, each tensor read once per chunk
-        (_products). Under FSDP each rank holds its shards of the gradients: the inner products are summed over
-        the ranks."""
+        No gradient-sized buffer is allocated: d and then τ·d⊥ are made in place of g_m (peer_only: they are in
+        p.grad already), g_s + τ·d⊥ in g_s's buffer, which becomes p.grad, and τ·d⊥ stays as the peer direction
+        for the next step's hindsight (`solo` is consumed). A sharded p.grad (FSDP) keeps its own storage: there
+        g_s + τ·d⊥ is made in it and the direction, (g_s + τ·d⊥) − g_s, in g_s's buffer, one pass more. The inner
+        products are float32 chunks summed in float64, each tensor read once per chunk (_products). Under FSDP
+        each rank holds its shards of the gradients: the inner products are summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
-        d = [local(p.grad).sub_(g) if p.grad is not None else -g for p, g in zip(params, g_s)]
+        if peer_only:
+            d = [local(p.grad) if p.grad is not None else torch.zeros_like(g) for p, g in zip(params, g_s)]
+        else:
+            d = [local(p.grad).sub_(g) if p.grad is not None else -g for p, g in zip(params, g_s)]
         g_r = None if remembered is None else \
             [local(r) if r is not None else torch.zeros_like(local(p)) for r, p in zip(remembered, params)]
         n = len(params)
@@ -200,6 +206,7 @@ class Guard:
         if self.config.max_ratio:
             peer = math.sqrt(_projected_norm_squared(dd, parts, coefficients, remembered_coefficients))
             weight = min(weight, self.config.max_ratio * math.sqrt(ss) / peer) if peer > 0 else weight
+        direction = []
         for p, gp, dp, c, c_r, gr in zip(params, g_s, d, coefficients, remembered_coefficients,
                                          g_r if g_r is not None else g_s):     # with no g_r, every c_r is 0
             if c:
@@ -207,15 +214,17 @@ class Guard:
             if c_r:
                 dp.sub_(gr, alpha=c_r)
             if weight != 1.0:
-                dp.mul_(weight)
-            dp.add_(gp)                           # g_s + τ·d⊥, in p.grad
-            if p.grad is None:
-                p.grad = dp
-            torch.sub(dp, gp, out=gp)             # τ·d⊥, in place of g_s
+                dp.mul_(weight)                   # τ·d⊥
+            if p.grad is not None and local(p.grad) is not p.grad:    # sharded: p.grad keeps its storage, dp
+                dp.add_(gp)                       # g_s + τ·d⊥, in p.grad
+                direction.append(torch.sub(dp, gp, out=gp))           # τ·d⊥, in place of g_s
+            else:
+                p.grad = gp.add_(dp)              # g_s + τ·d⊥, in g_s's buffer
+                direction.append(dp)              # τ·d⊥, in g_m's
         if self._direction is None:
-            self._direction = g_s
+            self._direction = direction
         else:
-            for total, pp in zip(self._direction, g_s):
+            for total, pp in zip(self._direction, direction):
                 total.add_(pp)
         evidence = {"agreement": _cos(dot, ss, dd), "projected": sum(c != 0 for c in coefficients) / max(n, 1),
                     "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}

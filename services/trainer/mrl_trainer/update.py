@@ -16,7 +16,8 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 exactly) has the same per-token loss in both; only the normaliser D differs, so its part of g_s
                 is c = D / D_solo times its part of the gradient (losses.normaliser): the mini-batch's unchanged
                 samples are forwarded first, in micro-batches of their own, and g_s starts as c × the gradient
-                they accumulated (a copy); each micro-batch of changed samples adds one more backward of the solo
+                they accumulated (a copy; when no sample changed and c = 1, that gradient itself, moved out of
+                the parameters, so that the extras' backward leaves d alone there); each micro-batch of changed samples adds one more backward of the solo
                 loss from the same forward (retain_graph; under FSDP, whose sharded parameters take gradients
                 only from backward passes, the changed micro-batches' solo loss takes a forward and backward of
                 its own)
@@ -26,7 +27,7 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 only those that sharing.live finds with a gradient are forwarded here, with autograd, in
                 micro-batches of their own. Before the own backward, since FSDP2 keeps its root module
                 unsharded after a forward until a backward: after the optimizer step it would be stale)
-        guard:  grad ← guard.combine(g_m = grad, g_s, g_r)   (mrl_trainer.guard)
+        guard:  grad ← guard.combine(g_m = grad (or d), g_s, g_r)   (mrl_trainer.guard)
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
               before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
@@ -243,8 +244,9 @@ def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
                 clock: _Clock, scale: float = 1.0, solo: list | None = None, changed: list | None = None,
-                params: list | None = None, ranks: Ranks = Ranks()) -> float:
-    """One pass over mini-batch b's micro-batches (backward on scale × each loss); its loss (unscaled). Adds the
+                params: list | None = None, ranks: Ranks = Ranks()) -> tuple[float, bool]:
+    """One pass over mini-batch b's micro-batches (backward on scale × each loss): its loss (unscaled), and whether
+    the parameters' gradients then hold the peer term d alone (see below). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
     statistics to `per_sequence`. With `solo` (the guard's buffers, one per param, None), also puts in it g_s, ∇
     of scale × the solo loss (own-group advantages, solo normalisers):
@@ -255,8 +257,11 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
     shards), taken when they are done (work.solo_scale: a sample whose advantage the plan left alone has the same
     per-token loss in both, only the normaliser differs); the second `changed` when given (under FSDP:
     _sharded_solo), else, per changed micro-batch, a second backward (autograd.grad) of the solo loss from the
-    same forward. Under several ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo
-    FSDP's average, and adds its share."""
+    same forward. Where nothing changed and c = 1 (SGT, whose peer term is only its rescues' NLL; a mini-batch no
+    peer reached), g_s is the own gradient itself: it is moved out of the parameters, not copied, so the extras'
+    backward leaves d = g_m − g_s alone in their gradients (returned True; Guard.combine's peer_only). Under
+    several ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo FSDP's average, and
+    adds its share."""
     groups, first_changed = work.own_groups[b], work.changed_from[b] if solo is not None else 0
     terms = dict(m=m, max_tokens=max_tokens, step=step, scale=scale, ranks=ranks, clock=clock)
     extra_groups, loss_total = work.extra_groups[b], 0.0
@@ -286,15 +291,20 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
             solo_loss = _solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens)
             _add(changed, torch.autograd.grad(solo_loss * weight, params, allow_unused=True))
             clock.lap("solo")
-    if solo is not None:
+    peer_only = solo is not None and first_changed >= len(groups) and work.solo_scale == 1.0
+    if peer_only:
+        solo[:] = _take_and_clear(params, copy=False)
+    elif solo is not None:
         if first_changed >= len(groups):
             _take_scaled(solo, params, work.solo_scale)
         _add(solo, changed)
+    if solo is not None:
         clock.lap("solo")
     if sharing.screens:     # the live extras' gradient; their loss and statistics came from the screening pass
         _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms)
-        return loss_total
-    return loss_total + _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms, per_sequence=per_sequence)
+        return loss_total, peer_only
+    return loss_total + _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms,
+                                     per_sequence=per_sequence), peer_only
 
 
 def _extra_terms(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, groups: list[list[int]], *,
@@ -371,10 +381,11 @@ def _remembered_gradient(logprobs: LogProbs, params: list, guard, work: _Work, b
     return _take_and_clear(params)
 
 
-def _take_and_clear(params: list) -> list:
-    """The gradient accumulated so far (this rank's shards), a copy; the parameters' gradients are cleared, so
-    that a pass of its own leaves nothing behind for the update's passes."""
-    taken = [None if p.grad is None else local(p.grad).clone() for p in params]
+def _take_and_clear(params: list, copy: bool = True) -> list:
+    """The gradient accumulated so far (this rank's shards), a copy (copy=False: the tensors themselves, where
+    nothing else holds them); the parameters' gradients are cleared, so that a pass of its own leaves nothing
+    behind for the update's passes."""
+    taken = [None if p.grad is None else local(p.grad).clone() if copy else local(p.grad) for p in params]
     for p in params:
         p.grad = None
     return taken
@@ -423,12 +434,13 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
                 changed = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
                                         reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
                 clock.lap("solo")
-            loss_total += _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
-                                      reference=reference, step=batch.step, sums=sums, per_sequence=per_sequence,
-                                      clock=clock, scale=work.weights[b], solo=solo, changed=changed,
-                                      params=params, ranks=ranks)
+            loss, peer_only = _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
+                                          reference=reference, step=batch.step, sums=sums,
+                                          per_sequence=per_sequence, clock=clock, scale=work.weights[b], solo=solo,
+                                          changed=changed, params=params, ranks=ranks)
+            loss_total += loss
             if guard is not None:
-                evidence.append(guard.combine(params, solo, ranks, remembered))
+                evidence.append(guard.combine(params, solo, ranks, remembered, peer_only))
                 clock.lap("guard")
             grad_norm = full(torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm))
             if not torch.isfinite(grad_norm):
@@ -468,10 +480,11 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
         remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step,
                                           Ranks())
         solo = [None] * len(params) if guard is not None else None
-        _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens, reference=reference,
-                    step=batch.step, sums={}, per_sequence={}, clock=_Clock(), solo=solo, params=params)
+        _, peer_only = _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens,
+                                   reference=reference, step=batch.step, sums={}, per_sequence={}, clock=_Clock(),
+                                   solo=solo, params=params)
         if guard is not None:
-            guard.combine(params, solo, remembered=remembered)
+            guard.combine(params, solo, remembered=remembered, peer_only=peer_only)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
         p.grad = None
