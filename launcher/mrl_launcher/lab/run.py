@@ -447,7 +447,6 @@ def run_points(points: list[Point], settings: Settings | list[Settings], modes: 
     return results
 
 
-
 def team_final(run: dict) -> float:
     """A run's final success: its two policies' greedy success at the last eval, averaged."""
     return sum(run["policies"][p]["curve"][-1] for p in POLICIES) / len(POLICIES)

@@ -65,9 +65,10 @@ left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's an
 reached) adds to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio
 of the two normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a
 copy of its accumulated gradient, no extra compute; where every own sample is such a one and c = 1 (SGT), the
-accumulated gradient is g_s itself, moved out before the peer term's backward, which then leaves d alone. Each micro-batch of samples
-whose advantage the mode changed takes one more backward (the solo loss, from the same forward; under torchrun
-a forward and backward of its own); mrl_trainer.update sorts the samples on exact equality.
+accumulated gradient is g_s itself, moved out before the peer term's backward, which then leaves d alone. Each
+micro-batch of samples whose advantage the mode changed takes one more backward (the solo loss, from the same
+forward; under torchrun a forward and backward of its own); mrl_trainer.update sorts the samples on exact
+equality.
 
 The guard sees the whole peer term of a step, so its trust is per mode (one τ per receiver): with several
 peers it turns them down together. τ and the memory are checkpointed with the trainer (SharingMode.state); the

@@ -17,10 +17,10 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 is c = D / D_solo times its part of the gradient (losses.normaliser): the mini-batch's unchanged
                 samples are forwarded first, in micro-batches of their own, and g_s starts as c × the gradient
                 they accumulated (a copy; when no sample changed and c = 1, that gradient itself, moved out of
-                the parameters, so that the extras' backward leaves d alone there); each micro-batch of changed samples adds one more backward of the solo
-                loss from the same forward (retain_graph; under FSDP, whose sharded parameters take gradients
-                only from backward passes, the changed micro-batches' solo loss takes a forward and backward of
-                its own)
+                the parameters, so that the extras' backward leaves d alone there); each micro-batch of changed
+                samples adds one more backward of the solo loss from the same forward (retain_graph; under FSDP,
+                whose sharded parameters take gradients only from backward passes, the changed micro-batches'
+                solo loss takes a forward and backward of its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
                 (a mode that `screens` — HACPO, whose clipped peer samples have no gradient — has its extras
                 forwarded without autograd before the own samples, for the loss's value and the statistics;
