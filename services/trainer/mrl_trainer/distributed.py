@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from mrl_trainer.errors import TrainerError
 
-__all__ = ["Ranks", "under_torchrun", "setup", "teardown", "shard", "local", "full", "save", "load"]
+__all__ = ["Ranks", "under_torchrun", "setup", "teardown", "shard", "local", "gradient_of", "full", "save", "load"]
 
 
 class Ranks:
@@ -135,6 +135,14 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """A sharded tensor's part on this rank (the tensor itself when it is not sharded)."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def gradient_of(param: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """`part`, this rank's part of a gradient of `param`, as the gradient itself: placed as the parameter is when
+    it is sharded (the tensor itself when it is not)."""
+    if not isinstance(param, DTensor):
+        return part
+    return DTensor.from_local(part, param.device_mesh, param.placements, shape=param.size(), stride=param.stride())
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from mrl_trainer.distributed import Ranks, local
+from mrl_trainer.distributed import Ranks, gradient_of, local
 from mrl_trainer.section import Section
 
 __all__ = ["GuardConfig", "Guard"]
@@ -179,10 +179,11 @@ class Guard:
 
         No gradient-sized buffer is allocated: d and then τ·d⊥ are made in place of g_m (peer_only: they are in
         p.grad already), g_s + τ·d⊥ in g_s's buffer, which becomes p.grad, and τ·d⊥ stays as the peer direction
-        for the next step's hindsight (`solo` is consumed). A sharded p.grad (FSDP) keeps its own storage: there
-        g_s + τ·d⊥ is made in it and the direction, (g_s + τ·d⊥) − g_s, in g_s's buffer, one pass more. The inner
-        products are float32 chunks summed in float64, each tensor read once per chunk (_products). Under FSDP
-        each rank holds its shards of the gradients: the inner products are summed over the ranks."""
+        for the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP) keeps its own
+        storage: there g_s + τ·d⊥ is made in it and the direction, (g_s + τ·d⊥) − g_s, in g_s's buffer, one pass
+        more. The inner products are float32 chunks summed in float64, each tensor read once per chunk
+        (_products). Under FSDP each rank holds its shards of the gradients: the inner products are summed over
+        the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         if peer_only:
             d = [local(p.grad) if p.grad is not None else torch.zeros_like(g) for p, g in zip(params, g_s)]
@@ -216,8 +217,10 @@ class Guard:
                 dp.sub_(gr, alpha=c_r)
             if weight != 1.0:
                 dp.mul_(weight)                   # τ·d⊥
-            if p.grad is not None and local(p.grad) is not p.grad:    # sharded: p.grad keeps its storage, dp
+            if local(p) is not p:                 # sharded (FSDP): p.grad keeps its own storage, dp
                 dp.add_(gp)                       # g_s + τ·d⊥, in p.grad
+                if p.grad is None:
+                    p.grad = gradient_of(p, dp)
                 direction.append(torch.sub(dp, gp, out=gp))           # τ·d⊥, in place of g_s
             else:
                 p.grad = gp.add_(dp)              # g_s + τ·d⊥, in g_s's buffer
