@@ -81,21 +81,22 @@ def bandit(parser):
         if args.tune_lr:
             if args.lr is not None:
                 raise InvalidArgument("--lr and --tune-lr: give one rate or the rates to tune over, not both")
+            rates = sorted(set(args.tune_lr))
             tuning = list(range(args.tune_first_seed, args.tune_first_seed + len(seeds)))
             if set(tuning) & set(seeds):
                 raise InvalidArgument(f"--tune-first-seed {args.tune_first_seed}: the tuning seeds "
                                       f"{tuning[0]}–{tuning[-1]} overlap the reported seeds {seeds[0]}–{seeds[-1]}; "
                                       "tune on other seeds than you report")
-            for lr in args.tune_lr:
+            for lr in rates:
                 replace(settings, lr=lr)      # InvalidArgument on a rate that is not one
         print(f"mrl lab bandit: {len(points)} point(s) × {len(modes)} modes × {len(seeds)} seeds, "
               f"{settings.steps} steps of {settings.prompts_per_step} contexts × G, {args.workers} worker(s)",
               flush=True)
         per_point = settings
         if tuning:
-            print(f"solo's learning rate per point, from {', '.join(map(str, sorted(set(args.tune_lr))))} on seeds "
+            print(f"solo's learning rate per point, from {', '.join(map(str, rates))} on seeds "
                   f"{tuning[0]}–{tuning[-1]}:", flush=True)
-            tuned = tuned_learning_rates(points, settings, args.tune_lr, tuning, args.workers)
+            tuned = tuned_learning_rates(points, settings, rates, tuning, args.workers)
             for point, t in zip(points, tuned):
                 print(f"  {point_title(asdict(point))}: lr {t['lr']:g} (solo "
                       + ", ".join(f"{lr:g} → {v:.3f}" for lr, v in t["solo_final"].items()) + ")", flush=True)
@@ -122,7 +123,7 @@ def bandit(parser):
         result = {"points": summaries, "settings": asdict(settings), "seeds": len(seeds), "seconds": seconds,
                   "run_cpu_seconds": cpu[0], "workers": args.workers}
         if tuning:      # each point's "lr" replaces settings.lr there
-            result["tune_lr"] = sorted(set(args.tune_lr))
+            result["tune_lr"] = rates
         if args.out:
             command = "mrl lab bandit " + " ".join(sys.argv[sys.argv.index("bandit") + 1:]) \
                 if "bandit" in sys.argv else "mrl lab bandit"

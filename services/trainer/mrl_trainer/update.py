@@ -292,13 +292,13 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
             _add(changed, torch.autograd.grad(solo_loss * weight, params, allow_unused=True))
             clock.lap("solo")
     peer_only = solo is not None and first_changed >= len(groups) and work.solo_scale == 1.0
-    if peer_only:
-        solo[:] = _take_and_clear(params, copy=False)
-    elif solo is not None:
-        if first_changed >= len(groups):
-            _take_scaled(solo, params, work.solo_scale)
-        _add(solo, changed)
     if solo is not None:
+        if peer_only:
+            solo[:] = _take_and_clear(params, copy=False)
+        else:
+            if first_changed >= len(groups):
+                _take_scaled(solo, params, work.solo_scale)
+            _add(solo, changed)
         clock.lap("solo")
     if sharing.screens:     # the live extras' gradient; their loss and statistics came from the screening pass
         _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms)
