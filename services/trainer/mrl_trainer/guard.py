@@ -112,6 +112,11 @@ class GuardConfig(Section):
                                                              "none). 0: no cap. Unset: the mode's default, 1 for "
                                                              "SGT (its peer term is an NLL, not a policy "
                                                              "gradient), no cap for PRP, XGRPO and HACPO.")
+    initial_trust: float | None = Field(None, ge=0, le=1, description="τ_0, the trust before any evidence. Unset: "
+                                                                        "the mode's default, 1 for PRP, SGT and "
+                                                                        "HACPO (their peer terms carry the peer's "
+                                                                        "samples), 0 for XGRPO (a pooled baseline "
+                                                                        "only: its trust is earned).")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")
@@ -131,17 +136,27 @@ class Guard:
     cumulative = frozenset()
     summary = {"guard_trust": "mean guard trust τ"}
 
-    def __init__(self, config: GuardConfig, default_memory: int = 0, default_max_ratio: float = 0.0):
+    def __init__(self, config: GuardConfig, default_memory: int = 0, default_max_ratio: float = 0.0,
+                 default_initial_trust: float = 1.0):
         """`default_memory`, `default_max_ratio`: the memory and κ when the config leaves them unset (the mode's,
         SharingMode.guard_memory and guard_max_ratio)."""
-        unset = {"memory": default_memory, "max_ratio": default_max_ratio}
+        unset = {"memory": default_memory, "max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
-        self.config, self.trust = config, 1.0
+        self.config, self.score = config, config.initial_trust
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
         self.memory: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()   # prompt ids → newest own success
         self._rng = random.Random(0)
+
+    @property
+    def trust(self) -> float:
+        """τ = max(0, m): the trust the peer term is scaled by."""
+        return max(0.0, self.score)
+
+    @trust.setter
+    def trust(self, value: float) -> None:
+        self.score = float(value)
 
     def remember(self, batch) -> None:
         """Keep each prompt's newest own success (reward ≥ 1) of the step's batch, for the `memory` most recently
@@ -209,22 +224,24 @@ class Guard:
             peer = math.sqrt(_projected_norm_squared(dd, parts, coefficients, remembered_coefficients))
             weight = min(weight, self.config.max_ratio * math.sqrt(ss) / peer) if peer > 0 else weight
         direction = []
+        k = _along(dots, sss, coefficients, parts[3] if g_r is not None else None, remembered_coefficients) / ss \
+            if ss > 0 else 0.0
         for p, gp, dp, c, c_r, gr in zip(params, g_s, d, coefficients, remembered_coefficients,
                                          g_r if g_r is not None else g_s):     # with no g_r, every c_r is 0
             if c:
                 dp.sub_(gp, alpha=c)
             if c_r:
                 dp.sub_(gr, alpha=c_r)
-            if weight != 1.0:
-                dp.mul_(weight)                   # τ·d⊥
             if local(p) is not p:                 # sharded (FSDP): p.grad keeps its own storage, dp
-                dp.add_(gp)                       # g_s + τ·d⊥, in p.grad
+                direction.append(torch.sub(dp, gp, alpha=k))      # r = d⊥ − k·g_s
+                dp.mul_(weight).add_(gp)          # g_s + w·d⊥, in p.grad
                 if p.grad is None:
                     p.grad = gradient_of(p, dp)
-                direction.append(torch.sub(dp, gp, out=gp))           # τ·d⊥, in place of g_s
             else:
-                p.grad = gp.add_(dp)              # g_s + τ·d⊥, in g_s's buffer
-                direction.append(dp)              # τ·d⊥, in g_m's
+                p.grad = gp.add_(dp, alpha=weight)                # g_s + w·d⊥, in g_s's buffer
+                if k:                             # r = d⊥ − k·g_s = (1 + k·w)·d⊥ − k·(g_s + w·d⊥), in g_m's
+                    dp.mul_(1 + k * weight).sub_(gp, alpha=k)
+                direction.append(dp)
         if self._direction is None:
             self._direction = direction
         else:
@@ -253,13 +270,22 @@ class Guard:
                 stats[f"guard_{key}"] = sum(values) / len(values)
         if "guard_hindsight" in stats:
             eta = self.config.trust_rate
-            self.trust = (1 - eta) * self.trust + eta * float(stats["guard_hindsight"] >= 0)
+            h = stats["guard_hindsight"]
+            if h != 0:
+                self.score = (1 - eta) * self.score + eta * math.copysign(1.0, h)
         if self._direction is not None:
             ss = ranks.sum([_dot(self._direction, self._direction)])[0]
             if ss > 0:
                 self.previous, self._previous_ss = self._direction, ss
         self._direction = None
         return stats
+
+
+def _along(dots: list[float], sss: list[float], c: list[float], sr: list[float] | None, c_r: list[float]) -> float:
+    """⟨d⊥, g_s⟩ = Σ_p (⟨d_p, g_s,p⟩ − c_p ‖g_s,p‖² − c_r,p ⟨g_s,p, g_r,p⟩) from the per-tensor products (without
+    g_r, `sr` None: the last term is 0)."""
+    total = sum(x - y * z for x, y, z in zip(dots, c, sss))
+    return total - sum(y * z for y, z in zip(c_r, sr)) if sr is not None else total
 
 
 def _projected_norm_squared(dd: float, parts: list[list[float]], c: list[float], c_r: list[float]) -> float:

@@ -157,28 +157,30 @@ class SharingMode:
     summary: ClassVar[dict[str, str]] = {}
     guard_memory: ClassVar[int] = 64        # sharing.guard.memory when the config leaves it unset
     guard_max_ratio: ClassVar[float] = 0.0  # sharing.guard.max_ratio when unset (0: no cap)
+    guard_initial_trust: ClassVar[float] = 1.0   # sharing.guard.initial_trust when unset
 
     def __init__(self, sharing, loss):
         """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig. A mode that takes peers' experience
         has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
         guarded = self.kinds and sharing.guard.enabled
-        self.guard = Guard(sharing.guard, self.guard_memory, self.guard_max_ratio) if guarded else None
+        self.guard = Guard(sharing.guard, self.guard_memory, self.guard_max_ratio, self.guard_initial_trust) \
+            if guarded else None
 
     def state(self) -> dict:
         """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
-        the guard's trust τ and memory. Plain values only."""
+        the guard's trust τ, its score m and memory. Plain values only."""
         if self.guard is None:
             return {}
-        return {"guard_trust": self.guard.trust,
+        return {"guard_trust": self.guard.trust, "guard_score": self.guard.score,
                 "guard_memory": [[list(prompt), ids] for prompt, ids in self.guard.memory.items()]}
 
     def restore(self, state: dict) -> None:
         """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
         if self.guard is None:
             return
-        if "guard_trust" in state:
-            self.guard.trust = float(state["guard_trust"])
+        if "guard_score" in state or "guard_trust" in state:      # before the score: m = τ
+            self.guard.score = float(state.get("guard_score", state.get("guard_trust")))
         for prompt, ids in state.get("guard_memory", []):
             self.guard.keep(prompt, ids)
 

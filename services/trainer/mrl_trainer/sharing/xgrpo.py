@@ -60,6 +60,7 @@ class XGRPO(SharingMode):
     stats = {"xgrpo_pooled": "rewards in XGRPO pooled baseline",
              "xgrpo_uniform": "XGRPO own groups of equal rewards moved by the pool"}
     figures = {"exchange": ("xgrpo_pooled",)}
+    guard_initial_trust = 0.0   # its peer term is a baseline shift, no direction in expectation: trust is earned
 
     def plan(self, batch: StepBatch, peers: PeerBatch, *, capability: float, verify: Verifier) -> Plan:
         advantages, uniform = pooled_advantages(batch.rewards, peers.group_rewards, self.loss.scale_rewards,
