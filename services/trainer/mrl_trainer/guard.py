@@ -31,18 +31,25 @@ so to first order the peer term cannot make the policy less likely to produce wh
 evidence on prompts outside the step's batch, where a peer's pull on shared parameters (format drag, a
 push-down that spreads) shows, while the own gradient of the batch cannot see it.
 
-Trust, learned in hindsight: does the direction the peers added at the last step agree with where the
-receiver's own samples pull now?
+Trust, learned in hindsight: did the direction the peers proposed at the last step point where the receiver's
+own samples pull now, beyond what its own gradient already pointed to?
 
-    h_t     = cos(τ d⊥ of step t − 1, g_s of step t)        averaged over the step's optimizer steps
-    τ_{t+1} = (1 − η) τ_t + η · 1[h_t ≥ 0]                  τ_0 = 1
+    r_t     = d⊥ − (⟨d⊥, g_s⟩ / ‖g_s‖²) · g_s                the peer direction beyond the own gradient, summed
+                                                            over step t's optimizer steps, at any τ
+    h_t     = cos(r_{t−1}, g_s of step t)                    averaged over the step's optimizer steps
+    m_{t+1} = (1 − η) m_t + η · sign(h_t)                    h_t = 0 (disjoint supports) is no evidence
+    τ_t     = max(0, m_t)                                    m_0 = τ_0 (`initial_trust`; the mode's default)
     g       = g_s + τ_t · d⊥                                 what the optimizer steps on
 
 so to first order the update improves the own objective at least as much as solo's would (⟨g, g_s⟩ ≥
-‖g_s‖²); a peer whose contributions own learning keeps undoing (format drag) is turned down towards solo
-(τ → 0), one whose contributions own learning confirms keeps its weight. A step whose own gradient is 0
-(every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and τ is not updated.
-With τ = 1 and no conflict the update is the mode's own.
+‖g_s‖²). The part of d⊥ along g_s is left out of the evidence: the projection made it non-negative and
+consecutive own gradients point alike, so it would agree with the next own gradient whatever the peer sent.
+The sign's running mean goes to 0 for a peer term that is noise (h_t > 0 half the time) and below 0 for one
+own learning keeps undoing (format drag); τ = 0 then leaves the update solo's, which matters under Adam,
+whose normalisation undoes a small τ wherever the peer term is a coordinate's only gradient. A peer term is
+judged whether or not it was applied, so trust can be earned back (or earned first: τ_0 = 0). A step whose
+own gradient is 0 (every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and m is
+not updated. With τ = 1 and no conflict the update is the mode's own.
 
 Size (`max_ratio` = κ > 0; unset, the mode's default: 1 for SGT, no cap for the others): the peer term may
 not be larger than κ times the own gradient,
@@ -58,8 +65,8 @@ own gradient then takes no peer term. PRP's, XGRPO's and HACPO's peer terms are 
 own term; on the testbed the cap cost them up to 0.04 of final success (XGRPO at the strongest interference),
 so they are not capped by default.
 
-Costs: three gradient-sized buffers (g_s, in which the combination is made; the last step's direction; g_r; d
-and τ·d⊥, the step's peer direction, are made in place of g_m), one forward and backward over the recalled
+Costs: three gradient-sized buffers (g_s, in which the combination is made; the last step's direction; g_r; d,
+d⊥ and r, the step's peer direction, are made in place of g_m), one forward and backward over the recalled
 successes per step with a peer term (with a memory), and computing g_s. An own sample whose advantage the mode
 left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer
 reached) adds to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio
@@ -71,7 +78,7 @@ forward; under torchrun a forward and backward of its own); mrl_trainer.update s
 equality.
 
 The guard sees the whole peer term of a step, so its trust is per mode (one τ per receiver): with several
-peers it turns them down together. τ and the memory are checkpointed with the trainer (SharingMode.state); the
+peers it turns them down together. m and the memory are checkpointed with the trainer (SharingMode.state); the
 last direction is not, so the first step after a resume has no hindsight and leaves τ as it was.
 """
 import math
@@ -92,8 +99,8 @@ class GuardConfig(Section):
     enabled: bool = Field(True, description="The no-harm guard: project out the part of the peer term that "
                                             "conflicts with the own gradient, and scale the rest by a trust "
                                             "learned in hindsight (docs/algorithms.md).")
-    trust_rate: float = Field(0.1, ge=0, le=1, description="η: how fast the trust τ follows the hindsight "
-                                                           "evidence (0: τ stays 1, projection only).")
+    trust_rate: float = Field(0.1, ge=0, le=1, description="η: how fast the trust τ follows the sign of the "
+                                                           "hindsight evidence (0: τ stays at initial_trust).")
     projection: Literal["model", "tensor"] = Field(
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
                              "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
@@ -138,12 +145,13 @@ class Guard:
 
     def __init__(self, config: GuardConfig, default_memory: int = 0, default_max_ratio: float = 0.0,
                  default_initial_trust: float = 1.0):
-        """`default_memory`, `default_max_ratio`: the memory and κ when the config leaves them unset (the mode's,
-        SharingMode.guard_memory and guard_max_ratio)."""
+        """`default_memory`, `default_max_ratio`, `default_initial_trust`: the memory, κ and τ_0 when the config
+        leaves them unset (the mode's, SharingMode.guard_memory, guard_max_ratio and guard_initial_trust)."""
         unset = {"memory": default_memory, "max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
-        self.config, self.score = config, config.initial_trust
-        self.previous: list[torch.Tensor] | None = None      # the last step's Σ τ·d⊥, one tensor per parameter
+        self.config = config
+        self.score = config.initial_trust                    # m; τ = max(0, m)
+        self.previous: list[torch.Tensor] | None = None      # the last step's Σ r, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
         self.memory: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()   # prompt ids → newest own success
@@ -192,11 +200,12 @@ class Guard:
         parameter tensors projected), with a memory remembered (0 or 1, or that share: d⊥ lowered the
         likelihood of the remembered successes), and with max_ratio capped (1: w < τ).
 
-        No gradient-sized buffer is allocated: d and then τ·d⊥ are made in place of g_m (peer_only: they are in
-        p.grad already), g_s + τ·d⊥ in g_s's buffer, which becomes p.grad, and τ·d⊥ stays as the peer direction
-        for the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP) keeps its own
-        storage: there g_s + τ·d⊥ is made in it and the direction, (g_s + τ·d⊥) − g_s, in g_s's buffer, one pass
-        more. The inner products are float32 chunks summed in float64, each tensor read once per chunk
+        No gradient-sized buffer is allocated: d and then d⊥ are made in place of g_m (peer_only: they are in
+        p.grad already), g_s + w·d⊥ in g_s's buffer, which becomes p.grad, and then r = d⊥ − k·g_s (k =
+        ⟨d⊥, g_s⟩/‖g_s‖², 0 when g_s = 0) = (1 + k·w)·d⊥ − k·(g_s + w·d⊥) in place of d⊥, the peer direction for
+        the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP) keeps its own
+        storage: there g_s + w·d⊥ is made in a new buffer and copied into it, and r into g_s's buffer (the same
+        arithmetic, two passes more). The inner products are float32 chunks summed in float64, each tensor read once per chunk
         (_products). Under FSDP each rank holds its shards of the gradients: the inner products are summed over
         the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
@@ -232,16 +241,18 @@ class Guard:
                 dp.sub_(gp, alpha=c)
             if c_r:
                 dp.sub_(gr, alpha=c_r)
+            combined = torch.add(gp, dp, alpha=weight) if local(p) is not p else gp.add_(dp, alpha=weight)
+            if k:                                 # r = d⊥ − k·g_s = (1 + k·w)·d⊥ − k·(g_s + w·d⊥)
+                dp.mul_(1 + k * weight).sub_(combined, alpha=k)
             if local(p) is not p:                 # sharded (FSDP): p.grad keeps its own storage, dp
-                direction.append(torch.sub(dp, gp, alpha=k))      # r = d⊥ − k·g_s
-                dp.mul_(weight).add_(gp)          # g_s + w·d⊥, in p.grad
+                gp.copy_(dp)                      # r, in g_s's buffer
+                dp.copy_(combined)                # g_s + w·d⊥, in p.grad
                 if p.grad is None:
                     p.grad = gradient_of(p, dp)
+                direction.append(gp)
             else:
-                p.grad = gp.add_(dp, alpha=weight)                # g_s + w·d⊥, in g_s's buffer
-                if k:                             # r = d⊥ − k·g_s = (1 + k·w)·d⊥ − k·(g_s + w·d⊥), in g_m's
-                    dp.mul_(1 + k * weight).sub_(gp, alpha=k)
-                direction.append(dp)
+                p.grad = combined                 # g_s + w·d⊥, in g_s's buffer
+                direction.append(dp)              # r, in g_m's
         if self._direction is None:
             self._direction = direction
         else:
@@ -256,8 +267,9 @@ class Guard:
         return evidence
 
     def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
-        """End of a step: τ ← (1 − η)τ + η·1[mean hindsight ≥ 0] (no change without hindsight); this step's
-        peer direction becomes the next step's `previous`. The step's guard stats (τ as the step used it)."""
+        """End of a step: m ← (1 − η)m + η·sign(h), h the mean hindsight (no change without one, or at h = 0),
+        τ = max(0, m); this step's peer direction r becomes the next step's `previous`. The step's guard stats
+        (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
                  "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
         for key in ("remembered", "capped"):
