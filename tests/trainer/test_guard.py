@@ -307,12 +307,13 @@ def test_the_cap_is_sgts_by_default_and_any_modes_by_the_config():
         assert guard.config.max_ratio == value
 
 
-def test_xgrpos_trust_is_earned_by_default_and_any_modes_initial_trust_is_the_configs():
+def test_xgrpos_and_hacpos_trust_is_earned_by_default_and_any_modes_initial_trust_is_the_configs():
     """XGRPO's peer term is a pooled baseline, a shift of each own group's advantages with no direction in
-    expectation: its guard starts at τ_0 = 0. PRP, SGT and HACPO carry the peer's samples: τ_0 = 1."""
+    expectation, and HACPO's mostly its mixed baseline: their guards start at τ_0 = 0. PRP's and SGT's carry the
+    peer's samples: τ_0 = 1."""
     start = {name: make_sharing(sharing_config(mode=name), LossConfig()).guard.trust
              for name in ("prp", "xgrpo", "sgt", "hacpo")}
-    assert start == {"prp": 1.0, "xgrpo": 0.0, "sgt": 1.0, "hacpo": 1.0}
+    assert start == {"prp": 1.0, "xgrpo": 0.0, "sgt": 1.0, "hacpo": 0.0}
     assert make_sharing(sharing_config(mode="xgrpo", guard={"initial_trust": 1.0}), LossConfig()).guard.trust == 1.0
 
 

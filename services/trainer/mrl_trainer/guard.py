@@ -120,10 +120,10 @@ class GuardConfig(Section):
                                                              "SGT (its peer term is an NLL, not a policy "
                                                              "gradient), no cap for PRP, XGRPO and HACPO.")
     initial_trust: float | None = Field(None, ge=0, le=1, description="τ_0, the trust before any evidence. Unset: "
-                                                                        "the mode's default, 1 for PRP, SGT and "
-                                                                        "HACPO (their peer terms carry the peer's "
-                                                                        "samples), 0 for XGRPO (a pooled baseline "
-                                                                        "only: its trust is earned).")
+                                                                        "the mode's default, 1 for PRP and SGT "
+                                                                        "(their peer terms carry the peer's "
+                                                                        "samples), 0 for XGRPO and HACPO (mostly "
+                                                                        "a pooled baseline: trust is earned).")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")

@@ -124,6 +124,8 @@ class HACPO(SharingMode):
              "hacpo_uniform": "HACPO own groups of equal rewards moved by the pool"}
     figures = {"ratios": ("hacpo_ratio_mean", "hacpo_clipped", "hacpo_omega_mean", "hacpo_lower_bound"),
                "exchange": ("peer_samples",)}
+    guard_initial_trust = 0.0   # its peer samples are nearly all clipped between heterogeneous models (no gradient):
+                                # what is left is mostly the mixed baseline, a shift like XGRPO's; trust is earned
 
     def __init__(self, sharing, loss):
         super().__init__(sharing, loss)
