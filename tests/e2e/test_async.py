@@ -219,14 +219,14 @@ def test_a_late_joiner_gets_successes_its_stream_no_longer_holds_from_the_librar
 
 
 def test_a_resumed_trainer_keeps_what_it_learned_about_its_peers(tmp_path, exchange, run_id):
-    """The guard's trust τ, HACPO's measured peer capabilities and the prompts own samples solved (which steer peer
+    """The guard's trust (its score m), HACPO's measured peer capabilities and the prompts own samples solved (which steer peer
     guidance) come back with the checkpoint, as they were when it was written."""
     config = _config(tmp_path, exchange, run_id, steps=1, mode="hacpo")
     with ExchangeClient(exchange.target) as client:
         trainer = build_trainer(config, exchange=client)
         try:
             trainer.run()
-            trainer.sharing.guard.trust = 0.42
+            trainer.sharing.guard.score = -0.42            # below 0: τ = 0, and as much to make up on resume
             trainer.sharing.measure_capabilities([[peer_sample("slow", 1.0), peer_sample("slow", 0.0)]])
             trainer._solved.update({"arith/9/1": None, "arith/9/2": None})
             trainer.state.step += 1                            # a later step, so that it is written
@@ -236,7 +236,7 @@ def test_a_resumed_trainer_keeps_what_it_learned_about_its_peers(tmp_path, excha
         resumed = build_trainer(config, exchange=client)
         try:
             assert resumed.state.step == 2
-            assert resumed.sharing.guard.trust == 0.42
+            assert resumed.sharing.guard.score == -0.42 and resumed.sharing.guard.trust == 0.0
             assert resumed.sharing.state()["measured"] == {"slow": [0.5]}
             assert list(resumed._solved)[-2:] == ["arith/9/1", "arith/9/2"]
         finally:

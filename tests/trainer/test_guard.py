@@ -191,10 +191,32 @@ def test_trust_falls_when_the_last_peer_term_conflicts_with_the_next_own_gradien
     assert evidence["hindsight"] == pytest.approx(-1.0)
     stats = guard.observe([evidence])
     assert stats["guard_trust"] == 1.0 and stats["guard_hindsight"] == pytest.approx(-1.0)
-    assert guard.trust == pytest.approx(0.5)                     # m = (1 − η)·1 + η·(−1)
+    chance = math.sqrt(0.25 / 1.75)                              # σ_0 = √(η / (2 − η))
+    assert guard.score == pytest.approx(0.5)                     # m = (1 − η)·1 + η·(−1)
+    assert guard.trust == pytest.approx((0.5 - chance) / (1 - chance))
     p.grad = torch.tensor([1.0, 0.0])
     guard.observe([guard.combine([p], [torch.tensor([1.0, 0.0])])])   # agrees with the last peer term
-    assert guard.trust == pytest.approx(0.75 * 0.5 + 0.25)
+    assert guard.score == pytest.approx(0.75 * 0.5 + 0.25)
+    assert guard.trust == pytest.approx((0.625 - chance) / (1 - chance))
+
+
+def test_a_running_mean_within_chance_of_a_fair_coins_gives_no_trust():
+    """τ = max(0, (m − σ_0) / (1 − σ_0)), σ_0 = √(η / (2 − η)) the settled standard deviation of the running mean of
+    fair signs: a peer term that agrees with own learning by chance is not applied; τ_0 = 1 is full trust; setting
+    τ sets m; η = 0 keeps τ at τ_0."""
+    guard = Guard(GuardConfig(trust_rate=0.1))
+    chance = math.sqrt(0.1 / 1.9)
+    assert guard.trust == 1.0 and guard.chance == pytest.approx(chance)
+    guard.score = chance
+    assert guard.trust == 0.0
+    guard.score = 0.5 * (1 + chance)
+    assert guard.trust == pytest.approx(0.5)
+    guard.trust = 0.3
+    assert guard.trust == pytest.approx(0.3) and guard.score > chance
+    guard.trust = 0.0
+    assert guard.score == 0.0
+    still = Guard(GuardConfig(trust_rate=0.0, initial_trust=0.4))
+    assert still.trust == pytest.approx(0.4)
 
 
 def test_hindsight_sees_only_the_part_of_the_peer_term_beyond_the_own_gradient():
@@ -215,8 +237,8 @@ def test_hindsight_sees_only_the_part_of_the_peer_term_beyond_the_own_gradient()
 
 
 def test_a_peer_term_at_no_trust_is_not_applied_but_still_judged_and_trust_is_earned():
-    """τ = max(0, m): a trust at 0 keeps the update solo's while the hindsight of the peer term it did not apply
-    goes on; the score m may fall below 0 and must be made up before τ is positive again."""
+    """A trust at 0 keeps the update solo's while the hindsight of the peer term it did not apply goes on; the
+    score m may fall below 0 and must be made up, past chance, before τ is positive again."""
     guard = Guard(GuardConfig(trust_rate=0.25, initial_trust=0.0))
     p = _param([1.0, 1.0])
     guard.combine([p], [torch.tensor([1.0, 0.0])])               # peer term (0, 1), not applied
@@ -226,9 +248,12 @@ def test_a_peer_term_at_no_trust_is_not_applied_but_still_judged_and_trust_is_ea
     guard.observe([guard.combine([p], [torch.tensor([0.0, -1.0])])])   # conflicts: m = −0.25; peer (1, 0)
     assert guard.score == pytest.approx(-0.25) and guard.trust == 0.0
     assert torch.equal(p.grad, torch.tensor([0.0, -1.0]))
-    p.grad = torch.tensor([1.0, 0.0])
-    guard.observe([guard.combine([p], [torch.tensor([1.0, 0.0])])])   # agrees: m = 0.75·(−0.25) + 0.25
-    assert guard.trust == pytest.approx(0.0625)
+    for m in (0.0625, 0.296875, 0.47265625):               # agrees: m ← 0.75·m + 0.25
+        assert guard.trust == 0.0                           # within chance (σ_0 ≈ 0.378) of a fair coin's
+        p.grad = torch.tensor([1.0, 0.0])
+        guard.observe([guard.combine([p], [torch.tensor([1.0, 0.0])])])
+        assert guard.score == pytest.approx(m)
+    assert guard.trust > 0
 
 
 # --- in the update ------------------------------------------------------------------------------------------
@@ -335,7 +360,9 @@ def _guarded_updates(monkeypatch, name, peers, rewards, all_changed=False):
     """Two guarded updates (k = 2 mini-batches, μ = 2, two samples per micro-batch) of the table on one batch:
     its parameters, each update's stats (its timings left out), and the first update's work (micro-batches,
     changed_from, solo_scale).
-    `all_changed`: treat every micro-batch as changed (the second backward everywhere, the same micro-batches)."""
+    `all_changed`: treat every micro-batch as changed (the second backward everywhere, the same micro-batches).
+    The guard starts at full trust (τ_0 = 1), so that the update is the mode's whole gradient: at τ = 0 it would be
+    g_s alone, which these batches make 0 up to rounding, and Adam would scale the rounding up to whole steps."""
     real, works = update_module._work, []
 
     def work(*args, **kwargs):
@@ -345,7 +372,7 @@ def _guarded_updates(monkeypatch, name, peers, rewards, all_changed=False):
 
     monkeypatch.setattr(update_module, "_work", work)
     batch = make_batch(rewards, [[1, 2, 3, 2]] * len(rewards))
-    table, sharing = _Table(), make_sharing(sharing_config(mode=name), LossConfig())
+    table, sharing = _Table(), make_sharing(sharing_config(mode=name, guard={"initial_trust": 1.0}), LossConfig())
     optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
     loss = LossConfig(mini_batches=2, updates_per_step=2, micro_batch_tokens=10)
     plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))

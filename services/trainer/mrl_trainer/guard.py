@@ -99,7 +99,7 @@ class GuardConfig(Section):
     enabled: bool = Field(True, description="The no-harm guard: project out the part of the peer term that "
                                             "conflicts with the own gradient, and scale the rest by a trust "
                                             "learned in hindsight (docs/algorithms.md).")
-    trust_rate: float = Field(0.1, ge=0, le=1, description="η: how fast the trust τ follows the sign of the "
+    trust_rate: float = Field(0.1, ge=0, lt=1, description="η: how fast the trust τ follows the sign of the "
                                                            "hindsight evidence (0: τ stays at initial_trust).")
     projection: Literal["model", "tensor"] = Field(
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
@@ -158,13 +158,22 @@ class Guard:
         self._rng = random.Random(0)
 
     @property
+    def chance(self) -> float:
+        """σ_0 = √(η / (2 − η)): the standard deviation, once settled, of the running mean m of signs that are fair
+        coin flips (a peer term that is noise)."""
+        eta = self.config.trust_rate
+        return math.sqrt(eta / (2 - eta))
+
+    @property
     def trust(self) -> float:
-        """τ = max(0, m): the trust the peer term is scaled by."""
-        return max(0.0, self.score)
+        """τ = max(0, (m − σ_0) / (1 − σ_0)): the trust the peer term is scaled by (1 at m = 1, 0 while m is
+        within σ_0 of a fair coin's)."""
+        return max(0.0, (self.score - self.chance) / (1 - self.chance))
 
     @trust.setter
     def trust(self, value: float) -> None:
-        self.score = float(value)
+        """m such that τ = value (0: m = 0)."""
+        self.score = self.chance + value * (1 - self.chance) if value > 0 else 0.0
 
     def remember(self, batch) -> None:
         """Keep each prompt's newest own success (reward ≥ 1) of the step's batch, for the `memory` most recently
