@@ -38,15 +38,18 @@ own samples pull now, beyond what its own gradient already pointed to?
                                                             over step t's optimizer steps, at any τ
     h_t     = cos(r_{t−1}, g_s of step t)                    averaged over the step's optimizer steps
     m_{t+1} = (1 − η) m_t + η · sign(h_t)                    h_t = 0 (disjoint supports) is no evidence
-    τ_t     = max(0, m_t)                                    m_0 = τ_0 (`initial_trust`; the mode's default)
+    τ_t     = max(0, (m_t − σ_0) / (1 − σ_0))                σ_0 = √(η / (2 − η)); m_0 = τ_0 (`initial_trust`,
+                                                            the mode's default: 1 → τ = 1, 0 → τ = 0)
     g       = g_s + τ_t · d⊥                                 what the optimizer steps on
 
 so to first order the update improves the own objective at least as much as solo's would (⟨g, g_s⟩ ≥
 ‖g_s‖²). The part of d⊥ along g_s is left out of the evidence: the projection made it non-negative and
 consecutive own gradients point alike, so it would agree with the next own gradient whatever the peer sent.
 The sign's running mean goes to 0 for a peer term that is noise (h_t > 0 half the time) and below 0 for one
-own learning keeps undoing (format drag); τ = 0 then leaves the update solo's, which matters under Adam,
-whose normalisation undoes a small τ wherever the peer term is a coordinate's only gradient. A peer term is
+own learning keeps undoing (format drag). σ_0 is the standard deviation, once settled, of that running mean for
+signs that are fair coin flips, so a peer term that agrees with own learning only by chance gets τ = 0 rather
+than a small τ: τ = 0 leaves the update solo's, which matters under Adam, whose normalisation undoes a small τ
+wherever the peer term is a coordinate's only gradient. A peer term is
 judged whether or not it was applied, so trust can be earned back (or earned first: τ_0 = 0). A step whose
 own gradient is 0 (every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and m is
 not updated. With τ = 1 and no conflict the update is the mode's own.
@@ -150,7 +153,7 @@ class Guard:
         unset = {"memory": default_memory, "max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
         self.config = config
-        self.score = config.initial_trust                    # m; τ = max(0, m)
+        self.score = config.initial_trust                    # m; τ from it (trust)
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ r, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
@@ -277,7 +280,7 @@ class Guard:
 
     def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
         """End of a step: m ← (1 − η)m + η·sign(h), h the mean hindsight (no change without one, or at h = 0),
-        τ = max(0, m); this step's peer direction r becomes the next step's `previous`. The step's guard stats
+        τ = max(0, (m − σ_0)/(1 − σ_0)); this step's peer direction r becomes the next step's `previous`. The step's guard stats
         (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
                  "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
