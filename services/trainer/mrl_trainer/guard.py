@@ -49,10 +49,10 @@ The sign's running mean goes to 0 for a peer term that is noise (h_t > 0 half th
 own learning keeps undoing (format drag). σ_0 is the standard deviation, once settled, of that running mean for
 signs that are fair coin flips, so a peer term that agrees with own learning only by chance gets τ = 0 rather
 than a small τ: τ = 0 leaves the update solo's, which matters under Adam, whose normalisation undoes a small τ
-wherever the peer term is a coordinate's only gradient. A peer term is
-judged whether or not it was applied, so trust can be earned back (or earned first: τ_0 = 0). A step whose
-own gradient is 0 (every own group uniform, no KL) has no evidence: d passes unchanged (⟨d, g_s⟩ = 0) and m is
-not updated. With τ = 1 and no conflict the update is the mode's own.
+wherever the peer term is a coordinate's only gradient. A peer term is judged whether or not it was applied, so
+trust can be earned back (or earned first: τ_0 = 0). A step whose own gradient is 0 (every own group uniform, no
+KL) has no evidence: d passes at the current τ (⟨d, g_s⟩ = 0) and m is not updated. With τ = 1 and no conflict
+the update is the mode's own.
 
 Size (`max_ratio` = κ > 0; unset, the mode's default: 1 for SGT, no cap for the others): the peer term may
 not be larger than κ times the own gradient,
@@ -217,9 +217,9 @@ class Guard:
         ⟨d⊥, g_s⟩/‖g_s‖², 0 when g_s = 0) = (1 + k·w)·d⊥ − k·(g_s + w·d⊥) in place of d⊥, the peer direction for
         the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP) keeps its own
         storage: there g_s + w·d⊥ is made in a new buffer and copied into it, and r into g_s's buffer (the same
-        arithmetic, two passes more). The inner products are float32 chunks summed in float64, each tensor read once per chunk
-        (_products). Under FSDP each rank holds its shards of the gradients: the inner products are summed over
-        the ranks."""
+        arithmetic, two passes more). The inner products are float32 chunks summed in float64, each tensor read
+        once per chunk (_products). Under FSDP each rank holds its shards of the gradients: the inner products are
+        summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         if peer_only:
             d = [local(p.grad) if p.grad is not None else torch.zeros_like(g) for p, g in zip(params, g_s)]
@@ -280,8 +280,8 @@ class Guard:
 
     def observe(self, evidence: list[dict[str, float]], ranks: Ranks = Ranks()) -> dict[str, float]:
         """End of a step: m ← (1 − η)m + η·sign(h), h the mean hindsight (no change without one, or at h = 0),
-        τ = max(0, (m − σ_0)/(1 − σ_0)); this step's peer direction r becomes the next step's `previous`. The step's guard stats
-        (τ as the step used it)."""
+        τ = max(0, (m − σ_0)/(1 − σ_0)); this step's peer direction r becomes the next step's `previous`. The
+        step's guard stats (τ as the step used it)."""
         stats = {"guard_trust": self.trust,
                  "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
         for key in ("remembered", "capped"):
