@@ -40,7 +40,10 @@ def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resum
         distributed.shard(model)
     loss = LossConfig(lr=1e-3, mini_batches=2, micro_batch_tokens=30)
     pushed = {"xgrpo": {"uniform_groups": "pooled"}} if mode == "xgrpo" else {}    # a peer term the guard projects
-    sharing = make_sharing(sharing_config(mode=mode, **pushed), loss)
+    # at full trust from the start (XGRPO and HACPO earn theirs from 0 by default), so that every mode's update
+    # applies its peer term, the combination the shards must reproduce
+    guard = {"guard": {"initial_trust": 1.0}} if mode != "none" else {}
+    sharing = make_sharing(sharing_config(mode=mode, **pushed, **guard), loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=loss.lr)
     batch = make_batch(REWARDS, LENGTHS)
     logprobs = lambda prompts, completions: completion_logprobs(model, prompts, completions, 0, 1.0)  # noqa: E731
