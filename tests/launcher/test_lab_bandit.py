@@ -44,6 +44,7 @@ def test_quick_prints_one_line_per_mode_and_ends_with_one_json_line(quick):
     assert set(point["modes"]) == set(SHARING_MODES)          # every registered mode, nothing else
     for mode in SHARING_MODES:
         assert sum(line.strip().startswith(f"{mode} ") for line in lines) == 1, mode
+    assert any(line.startswith("every policy at lr 0.15, solo's too: not tuned") for line in lines)
 
 
 def test_every_mode_has_its_numbers_and_intervals_contain_their_means(quick):

@@ -93,6 +93,9 @@ def bandit(parser):
               f"{settings.steps} steps of {settings.prompts_per_step} contexts × G, {args.workers} worker(s)",
               flush=True)
         per_point = settings
+        if not tuning:
+            print(f"every policy at lr {settings.lr:g}, solo's too: not tuned, so a gain over solo may be a slow solo "
+                  "(--tune-lr compares with solo at its best rate)", flush=True)
         if tuning:
             print(f"solo's learning rate per point, from {', '.join(map(str, rates))} on seeds "
                   f"{tuning[0]}–{tuning[-1]}:", flush=True)
