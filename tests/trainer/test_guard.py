@@ -217,6 +217,7 @@ def test_a_running_mean_within_chance_of_a_fair_coins_gives_no_trust():
     assert guard.score == 0.0
     still = Guard(GuardConfig(trust_rate=0.0, initial_trust=0.4))
     assert still.trust == pytest.approx(0.4)
+    assert Guard(GuardConfig(trust_rate=0.1, initial_trust=0.3)).trust == pytest.approx(0.3)   # τ_0, not m_0
 
 
 def test_hindsight_sees_only_the_part_of_the_peer_term_beyond_the_own_gradient():
@@ -294,6 +295,16 @@ def test_a_peer_term_that_only_undoes_own_learning_is_turned_down_to_solo():
     assert torch.allclose(_gradients(guarded, batch), solo)
 
 
+def test_the_probe_gradient_leaves_the_guards_step_direction_alone():
+    """gradient() (the testbed's variance probes) combines through the guard without ending a step: the
+    direction the step has gathered so far, the next hindsight's evidence, is as it was."""
+    guarded = _Contrarian(sharing_config(mode="xgrpo"), LossConfig())
+    gathered = [torch.ones(32)]
+    guarded.guard._direction = gathered
+    _gradients(guarded, make_batch([[1, 0, 0, 1], [0, 0, 1, 0]]))
+    assert guarded.guard._direction is gathered and torch.equal(gathered[0], torch.ones(32))
+
+
 def test_the_guard_changes_nothing_when_peers_send_nothing():
     batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0]])
     after = []
@@ -343,8 +354,8 @@ def test_xgrpos_and_hacpos_trust_is_earned_by_default_and_any_modes_initial_trus
 
 
 def test_a_checkpoint_keeps_the_score_below_zero():
-    """τ = max(0, m): the state keeps m itself, so a resumed receiver has as much to make up as it had; a checkpoint
-    from before the score (guard_trust only) resumes at m = τ."""
+    """τ = max(0, (m − σ_0)/(1 − σ_0)): the state keeps m itself, so a resumed receiver has as much to make up as it
+    had; a checkpoint from before the score (guard_trust only) resumes at the m that gives its τ."""
     sharing = make_sharing(sharing_config(mode="xgrpo"), LossConfig())
     sharing.guard.score = -0.4
     resumed = make_sharing(sharing_config(mode="xgrpo"), LossConfig())
@@ -352,7 +363,7 @@ def test_a_checkpoint_keeps_the_score_below_zero():
     assert resumed.guard.score == -0.4 and resumed.guard.trust == 0.0
     older = make_sharing(sharing_config(mode="xgrpo"), LossConfig())
     older.restore({"guard_trust": 0.3})
-    assert older.guard.score == 0.3
+    assert older.guard.trust == pytest.approx(0.3)
 
 
 # --- g_s without a second backward for the samples whose advantage the mode left alone -----------------------

@@ -36,10 +36,11 @@ own samples pull now, beyond what its own gradient already pointed to?
 
     r_t     = d⊥ − (⟨d⊥, g_s⟩ / ‖g_s‖²) · g_s                the peer direction beyond the own gradient, summed
                                                             over step t's optimizer steps, at any τ
-    h_t     = cos(r_{t−1}, g_s of step t)                    averaged over the step's optimizer steps
+    h_t     = cos(r_{t−1}, g_s of step t)                    averaged over the step's optimizer steps; r_{t−1}
+                                                            is that of the last step whose r was not 0
     m_{t+1} = (1 − η) m_t + η · sign(h_t)                    h_t = 0 (disjoint supports) is no evidence
-    τ_t     = max(0, (m_t − σ_0) / (1 − σ_0))                σ_0 = √(η / (2 − η)); m_0 = τ_0 (`initial_trust`,
-                                                            the mode's default: 1 → τ = 1, 0 → τ = 0)
+    τ_t     = max(0, (m_t − σ_0) / (1 − σ_0))                σ_0 = √(η / (2 − η)); m_0 such that τ = τ_0
+                                                            (`initial_trust`, the mode's default: 1 or 0)
     g       = g_s + τ_t · d⊥                                 what the optimizer steps on
 
 so to first order the update improves the own objective at least as much as solo's would (⟨g, g_s⟩ ≥
@@ -137,7 +138,7 @@ class Guard:
     mode gradients."""
     stats = {"guard_agreement": "guard: cos(peer term, own gradient)",
              "guard_projected": "guard: share of updates projected",
-             "guard_hindsight": "guard: cos(last step's peer term, own gradient)",
+             "guard_hindsight": "guard: cos(last step's peer term beyond the own gradient, own gradient)",
              "guard_trust": "guard: trust τ",
              "guard_remembered": "guard: share of updates projected against the remembered successes",
              "guard_capped": "guard: share of updates whose peer term was cut to κ‖g_s‖"}
@@ -153,7 +154,8 @@ class Guard:
         unset = {"memory": default_memory, "max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
         self.config = config
-        self.score = config.initial_trust                    # m; τ from it (trust)
+        self.score = 0.0                                     # m; τ from it (trust)
+        self.trust = config.initial_trust                    # m_0: τ = τ_0
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ r, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
@@ -212,12 +214,13 @@ class Guard:
         parameter tensors projected), with a memory remembered (0 or 1, or that share: d⊥ lowered the
         likelihood of the remembered successes), and with max_ratio capped (1: w < τ).
 
-        No gradient-sized buffer is allocated: d and then d⊥ are made in place of g_m (peer_only: they are in
+        No gradient-sized buffer is allocated (but under FSDP, below): d and then d⊥ are made in place of g_m (peer_only: they are in
         p.grad already), g_s + w·d⊥ in g_s's buffer, which becomes p.grad, and then r = d⊥ − k·g_s (k =
         ⟨d⊥, g_s⟩/‖g_s‖², 0 when g_s = 0) = (1 + k·w)·d⊥ − k·(g_s + w·d⊥) in place of d⊥, the peer direction for
         the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP) keeps its own
-        storage: there g_s + w·d⊥ is made in a new buffer and copied into it, and r into g_s's buffer (the same
-        arithmetic, two passes more). The inner products are float32 chunks summed in float64, each tensor read
+        storage: there g_s + w·d⊥ is made in a new buffer of the shard's size and copied into it, and r into g_s's
+        buffer (the same arithmetic, two passes more). r's rounding error grows with k·w (relative error about
+        k·w times the precision), which only a cosine's sign is taken from. The inner products are float32 chunks summed in float64, each tensor read
         once per chunk (_products). Under FSDP each rank holds its shards of the gradients: the inner products are
         summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]

@@ -179,8 +179,10 @@ class SharingMode:
         """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
         if self.guard is None:
             return
-        if "guard_score" in state or "guard_trust" in state:      # before the score: m = τ
-            self.guard.score = float(state.get("guard_score", state.get("guard_trust")))
+        if "guard_score" in state:
+            self.guard.score = float(state["guard_score"])
+        elif "guard_trust" in state:            # a checkpoint from before the score: the m that gives its τ
+            self.guard.trust = float(state["guard_trust"])
         for prompt, ids in state.get("guard_memory", []):
             self.guard.keep(prompt, ids)
 
