@@ -219,8 +219,8 @@ def test_a_late_joiner_gets_successes_its_stream_no_longer_holds_from_the_librar
 
 
 def test_a_resumed_trainer_keeps_what_it_learned_about_its_peers(tmp_path, exchange, run_id):
-    """The guard's trust (its score m), HACPO's measured peer capabilities and the prompts own samples solved (which steer peer
-    guidance) come back with the checkpoint, as they were when it was written."""
+    """The guard's trust (its score m), HACPO's measured peer capabilities and the prompts own samples solved
+    (which steer peer guidance) come back with the checkpoint, as they were when it was written."""
     config = _config(tmp_path, exchange, run_id, steps=1, mode="hacpo")
     with ExchangeClient(exchange.target) as client:
         trainer = build_trainer(config, exchange=client)

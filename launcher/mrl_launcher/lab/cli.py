@@ -96,7 +96,7 @@ def bandit(parser):
         if not tuning:
             print(f"every policy at lr {settings.lr:g}, solo's too: not tuned, so a gain over solo may be a slow solo "
                   "(--tune-lr compares with solo at its best rate)", flush=True)
-        if tuning:
+        else:
             print(f"solo's learning rate per point, from {', '.join(map(str, rates))} on seeds "
                   f"{tuning[0]}–{tuning[-1]}:", flush=True)
             tuned = tuned_learning_rates(points, settings, rates, tuning, args.workers)

@@ -154,8 +154,7 @@ class Guard:
         unset = {"memory": default_memory, "max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
         self.config = config
-        self.score = 0.0                                     # m; τ from it (trust)
-        self.trust = config.initial_trust                    # m_0: τ = τ_0
+        self.trust = config.initial_trust                    # sets the score m (m_0 such that τ = τ_0)
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ r, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
         self._direction: list[torch.Tensor] | None = None    # this step's, so far
@@ -205,24 +204,27 @@ class Guard:
         return [list(key) for key in chosen], [self.memory[key] for key in chosen]
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks(),
-                remembered: list[torch.Tensor | None] | None = None, peer_only: bool = False) -> dict[str, float]:
+                remembered: list[torch.Tensor | None] | None = None, peer_only: bool = False,
+                gather: bool = True) -> dict[str, float]:
         """p.grad ← g_s + w·d⊥ (w = τ, with max_ratio min(τ, κ‖g_s‖/‖d⊥‖)), where p.grad holds g_m (with
         `peer_only`, d itself: the update moved the own gradient out as g_s before the peer term's backward) and
         `solo` g_s (None: 0), and `remembered` g_r, the gradient of the remembered successes' NLL (None: no
         memory): d⊥ is then also projected against it. The evidence: agreement cos(d, g_s) and hindsight
         cos(last step's peer term, g_s) (nan without one), projected (0 or 1; projection: tensor, the share of
         parameter tensors projected), with a memory remembered (0 or 1, or that share: d⊥ lowered the
-        likelihood of the remembered successes), and with max_ratio capped (1: w < τ).
+        likelihood of the remembered successes), and with max_ratio capped (1: w < τ). `gather`: r is added to the
+        step's peer direction, the next step's hindsight evidence (False: a combination that is not a step's, e.g.
+        mrl_trainer.update.gradient's).
 
-        No gradient-sized buffer is allocated (but under FSDP, below): d and then d⊥ are made in place of g_m (peer_only: they are in
-        p.grad already), g_s + w·d⊥ in g_s's buffer, which becomes p.grad, and then r = d⊥ − k·g_s (k =
-        ⟨d⊥, g_s⟩/‖g_s‖², 0 when g_s = 0) = (1 + k·w)·d⊥ − k·(g_s + w·d⊥) in place of d⊥, the peer direction for
-        the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP) keeps its own
-        storage: there g_s + w·d⊥ is made in a new buffer of the shard's size and copied into it, and r into g_s's
-        buffer (the same arithmetic, two passes more). r's rounding error grows with k·w (relative error about
-        k·w times the precision), which only a cosine's sign is taken from. The inner products are float32 chunks summed in float64, each tensor read
-        once per chunk (_products). Under FSDP each rank holds its shards of the gradients: the inner products are
-        summed over the ranks."""
+        No gradient-sized buffer is allocated (but under FSDP, below): d and then d⊥ are made in place of g_m
+        (peer_only: they are in p.grad already), g_s + w·d⊥ in g_s's buffer, which becomes p.grad, and then
+        r = d⊥ − k·g_s (k = ⟨d⊥, g_s⟩/‖g_s‖², 0 when g_s = 0) = (1 + k·w)·d⊥ − k·(g_s + w·d⊥) in place of d⊥, the
+        peer direction for the next step's hindsight (`solo` is consumed). A sharded parameter's p.grad (FSDP)
+        keeps its own storage: there g_s + w·d⊥ is made in a new buffer of the shard's size and copied into it,
+        and r into g_s's buffer (the same arithmetic, two passes more). r's rounding error grows with k·w
+        (relative error about k·w times the precision), which only a cosine's sign is taken from. The inner
+        products are float32 chunks summed in float64, each tensor read once per chunk (_products). Under FSDP
+        each rank holds its shards of the gradients: the inner products are summed over the ranks."""
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         if peer_only:
             d = [local(p.grad) if p.grad is not None else torch.zeros_like(g) for p, g in zip(params, g_s)]
@@ -256,10 +258,11 @@ class Guard:
                 dp.sub_(gp, alpha=c)
             if c_r:
                 dp.sub_(gr, alpha=c_r)
-            combined = torch.add(gp, dp, alpha=weight) if local(p) is not p else gp.add_(dp, alpha=weight)
+            sharded = local(p) is not p           # FSDP: p.grad keeps its own storage, dp
+            combined = torch.add(gp, dp, alpha=weight) if sharded else gp.add_(dp, alpha=weight)
             if k:                                 # r = d⊥ − k·g_s = (1 + k·w)·d⊥ − k·(g_s + w·d⊥)
                 dp.mul_(1 + k * weight).sub_(combined, alpha=k)
-            if local(p) is not p:                 # sharded (FSDP): p.grad keeps its own storage, dp
+            if sharded:
                 gp.copy_(dp)                      # r, in g_s's buffer
                 dp.copy_(combined)                # g_s + w·d⊥, in p.grad
                 if p.grad is None:
@@ -268,9 +271,9 @@ class Guard:
             else:
                 p.grad = combined                 # g_s + w·d⊥, in g_s's buffer
                 direction.append(dp)              # r, in g_m's
-        if self._direction is None:
+        if gather and self._direction is None:
             self._direction = direction
-        else:
+        elif gather:
             for total, pp in zip(self._direction, direction):
                 total.add_(pp)
         evidence = {"agreement": _cos(dot, ss, dd), "projected": sum(c != 0 for c in coefficients) / max(n, 1),

@@ -483,10 +483,8 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
         _, peer_only = _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens,
                                    reference=reference, step=batch.step, sums={}, per_sequence={}, clock=_Clock(),
                                    solo=solo, params=params)
-        if guard is not None:           # the guard's step direction so far is left as it was
-            kept, guard._direction = guard._direction, None
-            guard.combine(params, solo, remembered=remembered, peer_only=peer_only)
-            guard._direction = kept
+        if guard is not None:           # not a step: the guard's step direction is left as it was
+            guard.combine(params, solo, remembered=remembered, peer_only=peer_only, gather=False)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
         p.grad = None
