@@ -14,6 +14,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from mrl_trainer import distributed
 from mrl_trainer.config import LossConfig
 from mrl_trainer.logprobs import completion_logprobs
+from mrl_trainer.optimizer import adamw
 from mrl_trainer.sharing import PeerBatch, make_sharing, sharing_config
 from mrl_trainer.update import update
 
@@ -44,7 +45,7 @@ def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resum
     # applies its peer term, the combination the shards must reproduce
     guard = {"guard": {"initial_trust": 1.0}} if mode != "none" else {}
     sharing = make_sharing(sharing_config(mode=mode, **pushed, **guard), loss)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=loss.lr)
+    optimizer = adamw(model, loss)
     batch = make_batch(REWARDS, LENGTHS)
     logprobs = lambda prompts, completions: completion_logprobs(model, prompts, completions, 0, 1.0)  # noqa: E731
     if resume:

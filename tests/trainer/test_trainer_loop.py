@@ -172,6 +172,49 @@ def test_run_checkpoints_and_resumes_at_the_same_step(tmp_path):
     resumed.close()
 
 
+def _loop_adamw(trainer, config) -> torch.optim.AdamW:
+    """AdamW over the trainer's weights on the per-parameter loop (torch's default on CPU), not the fused kernel."""
+    return torch.optim.AdamW(trainer.model.parameters(), lr=config.loss.lr, weight_decay=config.loss.weight_decay)
+
+
+def test_the_fused_optimizer_steps_as_the_loop_does(tmp_path):
+    """The trainer's AdamW runs on the fused kernel (6× faster than the loop on SmolLM2-135M's parameters, one CPU
+    thread: docs/results/benchmarks.md); the same step from the same batch gives the same weights, to rounding."""
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, **{"loss.lr": 1e-3}))
+    weights = []
+    for fused in (True, False):
+        trainer = build_trainer(config)
+        assert all(group["fused"] for group in trainer.optimizer.param_groups)
+        if not fused:
+            trainer.optimizer = _loop_adamw(trainer, config)
+        batch = trainer.rollout(0)
+        batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+        trainer.update(batch)
+        weights.append([p.detach().clone() for p in trainer.model.parameters()])
+        trainer.close()
+    moved = max(float((a - b).abs().max()) for a, b in zip(*weights))
+    assert moved < 1e-6
+
+
+def test_a_checkpoint_of_the_loop_optimizer_resumes_on_the_fused_kernel(tmp_path):
+    """A checkpoint written before the trainer's AdamW was fused resumes fused, with its moments."""
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, steps=1))
+    trainer = build_trainer(config)
+    trainer.optimizer = _loop_adamw(trainer, config)
+    trainer.task.reward = lambda problem, response: float(len(response) % 2)   # varied rewards: a real update
+    trainer.run()
+    moments = trainer.optimizer.state_dict()["state"]
+    trainer.close()
+    assert moments and not any(group["fused"] for group in trainer.optimizer.param_groups)
+    resumed = build_trainer(config.model_copy(update={"steps": 2}))
+    assert resumed.state.step == 1 and all(group["fused"] for group in resumed.optimizer.param_groups)
+    restored = resumed.optimizer.state_dict()["state"]
+    assert all(torch.equal(restored[k]["exp_avg_sq"], moments[k]["exp_avg_sq"]) for k in moments)
+    resumed.run()
+    assert resumed.state.step == 2
+    resumed.close()
+
+
 def _mrl(*args, **kwargs):
     return subprocess.run([sys.executable, "-m", "mrl.cli", *args], capture_output=True, text=True, timeout=120,
                           **kwargs)

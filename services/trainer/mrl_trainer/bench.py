@@ -11,8 +11,9 @@ The same workload on both sides, in one run on this machine:
           (almost) every group has unequal rewards, so both sides run the whole update (with the verifier,
           SmolLM2 at ~15-20% leaves many groups all-wrong, and mrl skips their update — see below); advantages
           scaled by the group std; token-mean loss (TRL "dapo"), clip [1 − 0.2, 1 + 0.28], beta 0, μ = 1
-          (no old-log-prob forward on either side), AdamW lr 1e-6 constant, grad-norm clip 1, dropout off,
-          no gradient checkpointing, the whole batch in one forward/backward.
+          (no old-log-prob forward on either side), AdamW on torch's fused kernel (the default of both)
+          at lr 1e-6 constant, grad-norm clip 1, dropout off, no gradient checkpointing, the whole batch in
+          one forward/backward.
   mrl     Trainer.rollout(step) (generate, decode, verify) and Trainer.update(batch) (advantages,
           forward/backward, clip, optimizer step), each timed.
   trl     GRPOTrainer.train() over the same prompts in the same order. A TrainerCallback times each
@@ -144,7 +145,7 @@ def _run_trl(folder, P, G, T, steps, warmup, threads, device) -> dict:
             output_dir=tmp, use_cpu=device == "cpu", seed=SEED, max_steps=warmup + steps, bf16=False,
             per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
             max_completion_length=T, temperature=1.0, top_p=1.0, top_k=0, shuffle_dataset=False,
-            learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", weight_decay=0.0,
+            learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch_fused", weight_decay=0.0,
             max_grad_norm=1.0, beta=0.0, num_iterations=1, epsilon=EPS_LOW, epsilon_high=EPS_HIGH,
             loss_type="dapo", scale_rewards="group", disable_dropout=True, activation_checkpointing=False,
             report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,

@@ -28,6 +28,7 @@ from safetensors.torch import load_model, save_model
 from mrl_trainer import distributed
 from mrl_trainer.distributed import Ranks
 from mrl_trainer.errors import TrainerError
+from mrl_trainer.optimizer import implemented_as
 
 __all__ = ["TrainState", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
 
@@ -134,7 +135,7 @@ def load_checkpoint(folder: pathlib.Path, model, optimizer, ranks: Ranks = Ranks
     if unexpected or any(not _tied(model, k) for k in missing):
         raise TrainerError(f"checkpoint {folder} does not fit this model (missing {sorted(missing)[:4]}, "
                            f"unexpected {sorted(unexpected)[:4]}): was it written by another model config?")
-    optimizer.load_state_dict(blob["optimizer"])
+    optimizer.load_state_dict(implemented_as(blob["optimizer"], optimizer))
     _set_rng_state(blob["rng"])
     return TrainState(**blob["state"])
 

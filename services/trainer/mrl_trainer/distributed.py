@@ -35,6 +35,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from mrl_trainer.errors import TrainerError
+from mrl_trainer.optimizer import implemented_as
 
 __all__ = ["Ranks", "under_torchrun", "setup", "teardown", "shard", "local", "gradient_of", "full", "save", "load"]
 
@@ -166,5 +167,6 @@ def load(directory: str | os.PathLike, model: torch.nn.Module, optimizer: torch.
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state, "step": torch.tensor(0)}
     dcp.load(state, checkpoint_id=os.fspath(directory))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=implemented_as(state["optimizer"], optimizer))
     return int(state["step"])

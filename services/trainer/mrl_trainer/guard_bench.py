@@ -14,7 +14,9 @@ Per policy, in a process of its own (so that each peak RSS is its own):
                 trainer's state is restored outside the clock: p.grad ← g_m, and a fresh g_s buffer (the update
                 allocates one per mini-batch too)
     anchor      the median of clip_grad_norm_ + AdamW.step over the same parameters (the update's "optimizer"
-                part, mrl_trainer.update)
+                part, mrl_trainer.update), with the trainer's AdamW (mrl_trainer.optimizer: the fused kernel)
+    loop        the same with AdamW's per-parameter loop (what the trainer stepped before 2026-12-06), and
+                fused_ratio_vs_loop = anchor ÷ loop
     extra peak  the process's peak RSS during the guard's steps minus its peak before them (parameters,
                 gradients, AdamW's state, the stored g_m / g_s / g_r and one g_s buffer already counted), in MB and
                 in gradients (÷ the parameters' float32 bytes)
@@ -46,7 +48,9 @@ def _peak_mb() -> float:
 def _measure(architecture: dict, memory: int, repeats: int, threads: int) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from mrl_trainer.config import LossConfig
     from mrl_trainer.guard import Guard, GuardConfig
+    from mrl_trainer.optimizer import adamw
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     spec = dict(architecture)
@@ -56,15 +60,17 @@ def _measure(architecture: dict, memory: int, repeats: int, threads: int) -> dic
     g_s = [torch.randn_like(p) for p in params]
     g_m = [0.5 * s + 0.5 * torch.randn_like(s) for s in g_s]            # ⟨d, g_s⟩ < 0: projected
     g_r = [torch.randn_like(p) for p in params] if memory else None
-    optimizer = torch.optim.AdamW(params, lr=1e-6)
-    optimizer_s = []
-    for _ in range(repeats + 1):                                         # the first one builds AdamW's state
-        for p, g in zip(params, g_m):
-            p.grad = g.clone()
-        start = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer_s.append(time.perf_counter() - start)
+    optimizer_s = {}
+    for name, optimizer in (("loop", torch.optim.AdamW(params, lr=1e-6, foreach=False)),
+                            ("fused", adamw(model, LossConfig(lr=1e-6)))):
+        optimizer_s[name] = []
+        for _ in range(repeats + 1):                                     # the first one builds AdamW's state
+            for p, g in zip(params, g_m):
+                p.grad = g.clone()
+            start = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer_s[name].append(time.perf_counter() - start)
     guard = Guard(GuardConfig(memory=memory))
     guard.trust = 0.9
     solo = [s.clone() for s in g_s]
@@ -81,9 +87,10 @@ def _measure(architecture: dict, memory: int, repeats: int, threads: int) -> dic
         solo = [s.clone() for s in g_s]
     extra_mb = _peak_mb() - before
     assert evidence["projected"] == 1.0 and "guard_hindsight" in stats          # the whole path was taken
-    combine, anchor = statistics.median(combine_s[1:]), statistics.median(optimizer_s[1:])
+    combine, anchor, loop = (statistics.median(s[1:]) for s in (combine_s, optimizer_s["fused"], optimizer_s["loop"]))
     return {"parameters": numel, "tensors": len(params), "memory": memory, "combine_s": round(combine, 4),
             "optimizer_s": round(anchor, 4), "ratio_vs_optimizer": round(combine / anchor, 3),
+            "optimizer_loop_s": round(loop, 4), "fused_ratio_vs_loop": round(anchor / loop, 3),
             "extra_peak_mb": round(extra_mb, 1), "extra_gradients": round(extra_mb * 2**20 / (4 * numel), 2)}
 
 
@@ -93,18 +100,22 @@ def main(quick: bool = False) -> dict:
     repeats, threads = (2, 1) if quick else (7, 1)
     machine = benchmarking.machine(libraries=f"torch {torch.__version__}")
     print(f"mrl bench guard: {machine}\n  {threads} torch thread; median of {repeats} steps; anchor: clip_grad_norm_ + "
-          f"AdamW.step over the same parameters; each policy in its own process", flush=True)
+          f"the trainer's AdamW.step (fused) over the same parameters, and the same with AdamW's per-parameter loop; "
+          f"each policy in its own process", flush=True)
     print(f"  {'policy':<32}{'params':>12}{'memory':>8}{'guard s':>9}{'optimizer s':>13}{'ratio':>7}"
-          f"{'extra MB':>10}{'× grad':>8}", flush=True)
+          f"{'extra MB':>10}{'× grad':>8}{'loop s':>8}{'fused÷loop':>12}", flush=True)
     results = {}
     for name, (architecture, memory) in policies.items():                # one after the other, never together
         with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
             r = results[name] = pool.submit(_measure, architecture, memory, repeats, threads).result()
         print(f"  {name:<32}{r['parameters']:>12,}{r['memory']:>8}{r['combine_s']:>9.3f}{r['optimizer_s']:>13.3f}"
-              f"{r['ratio_vs_optimizer']:>7.2f}{r['extra_peak_mb']:>10.0f}{r['extra_gradients']:>8.2f}", flush=True)
+              f"{r['ratio_vs_optimizer']:>7.2f}{r['extra_peak_mb']:>10.0f}{r['extra_gradients']:>8.2f}"
+              f"{r['optimizer_loop_s']:>8.3f}{r['fused_ratio_vs_loop']:>12.2f}", flush=True)
     result = {"bench": "guard", "machine": machine, "quick": quick, "threads": threads, "repeats": repeats,
-              "policies": results, "anchor": "clip_grad_norm_ + AdamW.step over the same parameters, same process",
-              "ratio_vs_optimizer": {name: r["ratio_vs_optimizer"] for name, r in results.items()}}
+              "policies": results, "anchor": "clip_grad_norm_ + the trainer's AdamW.step (fused) over the same "
+                                             "parameters, same process",
+              "ratio_vs_optimizer": {name: r["ratio_vs_optimizer"] for name, r in results.items()},
+              "fused_ratio_vs_loop": {name: r["fused_ratio_vs_loop"] for name, r in results.items()}}
     print(json.dumps(result), flush=True)
     return result
 

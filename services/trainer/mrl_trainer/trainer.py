@@ -48,6 +48,7 @@ from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch, capability, step_experiences
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.metrics import MetricsSink
+from mrl_trainer.optimizer import adamw
 from mrl_trainer.outbox import Outbox
 from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
 from mrl_trainer.policy import forward_dtype, load_policy, prompt_ids
@@ -103,7 +104,7 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
         shard(model)
         if reference is not None:
             shard(reference)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.loss.lr, weight_decay=config.loss.weight_decay)
+    optimizer = adamw(model, config.loss)
     state = load_checkpoint(found, model, optimizer, ranks) if found else TrainState()
     sharing = make_sharing(config.sharing, config.loss)
     if isinstance(sharing, SGT) and config.sharing.sgt.rationalize and ranks.world > 1:
