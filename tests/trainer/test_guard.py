@@ -326,11 +326,11 @@ def test_every_mode_that_takes_peers_is_guarded_by_default(name):
     assert make_sharing(sharing_config(mode=name, guard={"enabled": False}), LossConfig()).guard is None
 
 
-def test_the_memory_is_each_modes_default_unless_the_config_sets_it():
+def test_the_memory_is_off_unless_the_config_sets_it():
     memory = {name: make_sharing(sharing_config(mode=name), LossConfig()).guard.config.memory
               for name in ("prp", "xgrpo", "sgt", "hacpo")}
-    assert memory == {"prp": 64, "xgrpo": 64, "sgt": 0, "hacpo": 64}
-    for name, size in [("sgt", 16), ("xgrpo", 0)]:
+    assert memory == {"prp": 0, "xgrpo": 0, "sgt": 0, "hacpo": 0}
+    for name, size in [("sgt", 16), ("xgrpo", 64)]:
         assert make_sharing(sharing_config(mode=name, guard={"memory": size}), LossConfig()).guard.config.memory == size
 
 

@@ -19,8 +19,8 @@ Projection (gradient surgery, as PCGrad): the conflicting component of d is remo
 over the whole model (projection: model), or on each parameter tensor p on its own (projection: tensor:
 d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
 
-Memory (`memory` > 0; unset, the mode's default: on for PRP, XGRPO and HACPO, off for SGT; A-GEM, Chaudhry
-et al. 2019, applied to the peer term): the receiver keeps its own verified successes (reward ≥ 1), the newest
+Memory (`memory` > 0; off by default, as it moved no mode's final success on the testbed once trust was earned in
+hindsight; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps its own verified successes (reward ≥ 1), the newest
 per prompt, for the `memory` most recently solved prompts, and each step with a peer term draws `memory_batch`
 of them, R = {(x_i, y_i)}. Their NLL's gradient
 
@@ -109,14 +109,12 @@ class GuardConfig(Section):
         "model", description="Where the conflict is measured and removed: over the whole model's gradient "
                              "(model) or each parameter tensor on its own (tensor: a conflict in one layer is "
                              "removed even when the other layers agree).")
-    memory: int | None = Field(None, ge=0, le=4096, description="Own verified successes remembered (the newest "
-                                                                "per prompt, for up to this many prompts); the "
-                                                                "peer term is also projected so that it cannot "
-                                                                "lower their likelihood (A-GEM). 0: no memory. "
-                                                                "Unset: the mode's default, 64 for PRP, XGRPO and "
-                                                                "HACPO, 0 for SGT (measured not to help SGT, "
-                                                                "at the cost of a forward and backward per "
-                                                                "step).")
+    memory: int = Field(0, ge=0, le=4096, description="Own verified successes remembered (the newest per prompt, "
+                                                      "for up to this many prompts); the peer term is also "
+                                                      "projected so that it cannot lower their likelihood (A-GEM), "
+                                                      "at the cost of a forward and backward per step. 0 (the "
+                                                      "default): no memory; with the trust earned in hindsight it "
+                                                      "moved no mode on the testbed (docs/algorithms.md).")
     max_ratio: float | None = Field(None, ge=0, description="κ: the peer term, after projection and trust, is "
                                                              "scaled down to at most κ times the own gradient's "
                                                              "norm (a step with no own gradient then takes "
@@ -147,11 +145,10 @@ class Guard:
     cumulative = frozenset()
     summary = {"guard_trust": "mean guard trust τ"}
 
-    def __init__(self, config: GuardConfig, default_memory: int = 0, default_max_ratio: float = 0.0,
-                 default_initial_trust: float = 1.0):
-        """`default_memory`, `default_max_ratio`, `default_initial_trust`: the memory, κ and τ_0 when the config
-        leaves them unset (the mode's, SharingMode.guard_memory, guard_max_ratio and guard_initial_trust)."""
-        unset = {"memory": default_memory, "max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
+    def __init__(self, config: GuardConfig, default_max_ratio: float = 0.0, default_initial_trust: float = 1.0):
+        """`default_max_ratio`, `default_initial_trust`: κ and τ_0 when the config leaves them unset (the mode's,
+        SharingMode.guard_max_ratio and guard_initial_trust)."""
+        unset = {"max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
         self.config = config
         self.trust = config.initial_trust                    # sets the score m (m_0 such that τ = τ_0)

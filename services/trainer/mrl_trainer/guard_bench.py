@@ -6,8 +6,8 @@ JSON line.
 Per policy, in a process of its own (so that each peak RSS is its own):
 
     parameters  the architecture's, from its config (random weights: the cost depends on the shapes only);
-                SmolLM2-135M-Instruct (policy-a, SGT: no memory) and the demo's GPT-2 4 × 256 (policy-b,
-                HACPO: a memory, so g_r too)
+                SmolLM2-135M-Instruct (policy-a, SGT) and the demo's GPT-2 4 × 256 (policy-b, HACPO)
+                with a memory of 64 (opt-in since 2026-12-06), so g_r too: the guard's longest path
     gradients   fixed random g_m, g_s (and g_r) with a peer term d = g_m − g_s that conflicts with g_s and τ = 0.9,
                 so every step takes the whole path: the projection, the trust's scaling, the hindsight
     combine_s   the median over `repeats` steps of combine + observe (one mini-batch per step); before each, the

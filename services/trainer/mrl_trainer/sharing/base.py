@@ -155,7 +155,6 @@ class SharingMode:
     figures: ClassVar[dict[str, tuple[str, ...]]] = {}
     cumulative: ClassVar[frozenset[str]] = frozenset()
     summary: ClassVar[dict[str, str]] = {}
-    guard_memory: ClassVar[int] = 64        # sharing.guard.memory when the config leaves it unset
     guard_max_ratio: ClassVar[float] = 0.0  # sharing.guard.max_ratio when unset (0: no cap)
     guard_initial_trust: ClassVar[float] = 1.0   # sharing.guard.initial_trust when unset
 
@@ -164,7 +163,7 @@ class SharingMode:
         has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
         guarded = self.kinds and sharing.guard.enabled
-        self.guard = Guard(sharing.guard, self.guard_memory, self.guard_max_ratio, self.guard_initial_trust) \
+        self.guard = Guard(sharing.guard, self.guard_max_ratio, self.guard_initial_trust) \
             if guarded else None
 
     def state(self) -> dict:

@@ -62,7 +62,6 @@ class SGT(SharingMode):
     name = "sgt"
     title = "SGT — Success-Gated Transfer"
     kinds = ("success",)
-    guard_memory = 0        # on the testbed the memory moved SGT's final success by ≤ 0.023, never significantly
     guard_max_ratio = 1.0   # its peer term is an NLL, whose gradient can dwarf the policy gradient (mrl_trainer.guard)
     Config = SGTConfig
     stats = {"sgt_rescued": "SGT prompts rescued", "sgt_accepted": "SGT peer successes accepted",
