@@ -20,9 +20,9 @@ over the whole model (projection: model), or on each parameter tensor p on its o
 d⊥_p = d_p − min(0, ⟨d_p, g_s,p⟩) / ‖g_s,p‖² · g_s,p, so ⟨d⊥_p, g_s,p⟩ ≥ 0 for every p).
 
 Memory (`memory` > 0; off by default, as it moved no mode's final success on the testbed once trust was earned in
-hindsight; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps its own verified successes (reward ≥ 1), the newest
-per prompt, for the `memory` most recently solved prompts, and each step with a peer term draws `memory_batch`
-of them, R = {(x_i, y_i)}. Their NLL's gradient
+hindsight; A-GEM, Chaudhry et al. 2019, applied to the peer term): the receiver keeps its own verified successes
+(reward ≥ 1), the newest per prompt, for the `memory` most recently solved prompts, and each step with a peer term
+draws `memory_batch` of them, R = {(x_i, y_i)}. Their NLL's gradient
 
     g_r  = ∇ (1/|R|) Σ_i −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)
     d⊥  ← d⊥ − min(0, ⟨d⊥, g_r⟩) / ‖g_r‖² · g_r              so ⟨d⊥, g_r⟩ ≥ 0 as well (per tensor, likewise)
