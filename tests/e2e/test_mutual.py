@@ -281,6 +281,10 @@ def test_the_demo_topology_names_valid_trainer_configs():
     assert {c.sharing.coupling for c in configs} == {"async"}
     assert configs[0].sharing.peers == [configs[1].policy] and configs[1].sharing.peers == [configs[0].policy]
     assert configs[0].exchange.tokenizer_id != configs[1].exchange.tokenizer_id     # THL is in the loop
+    # policy-b steps about 15× as fast: with as few steps as policy-a it finished before policy-a's first publish and
+    # took nothing (the 2026-12-06 demo run); with 10× as many it trains through policy-a's run
+    assert configs[1].steps >= 10 * configs[0].steps
+    assert configs[0].steps // configs[0].eval.every == configs[1].steps // configs[1].eval.every == 4
 
 
 def test_a_redelivered_peer_experience_is_stored_once(start_exchange, run_id):
