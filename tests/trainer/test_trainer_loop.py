@@ -188,13 +188,15 @@ def test_the_fused_optimizer_steps_as_the_loop_does(tmp_path):
         assert all(group["fused"] for group in trainer.optimizer.param_groups)
         if not fused:
             trainer.optimizer = _loop_adamw(trainer, config)
+        start = [p.detach().clone() for p in trainer.model.parameters()]
         batch = trainer.rollout(0)
         batch.rewards = [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
         trainer.update(batch)
         weights.append([p.detach().clone() for p in trainer.model.parameters()])
+        assert any(not torch.equal(a, b) for a, b in zip(start, weights[-1]))       # a step was taken
         trainer.close()
-    moved = max(float((a - b).abs().max()) for a, b in zip(*weights))
-    assert moved < 1e-6
+    apart = max(float((a - b).abs().max()) for a, b in zip(*weights))
+    assert apart < 1e-6
 
 
 def test_a_checkpoint_of_the_loop_optimizer_resumes_on_the_fused_kernel(tmp_path):
