@@ -295,6 +295,25 @@ def test_a_peer_term_that_only_undoes_own_learning_is_turned_down_to_solo():
     assert torch.allclose(_gradients(guarded, batch), solo)
 
 
+def test_hacpo_at_no_trust_steps_as_solo_does_not_on_its_own_gspo_loss():
+    """The guard's fallback is solo's update, the trainer's loss as `none` takes it (GRPO by default), whatever
+    loss the mode puts on its own samples: HACPO's GSPO own loss is part of its peer term d. At τ = 0 the guarded
+    HACPO gradient is none's; unguarded, it is not (the peer rollouts, the mixed baseline and GSPO)."""
+    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
+    peers = PeerBatch(rollouts={0: [peer(0, 2, 1.0), peer(0, 3, 0.0)], 1: [peer(1, 1, 1.0)]}, capability={"j": 0.5})
+
+    def gradient_of(sharing):
+        table = _Table()
+        plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
+        return gradient(table, list(table.parameters()), sharing, LossConfig(), batch, plan, max_tokens=8)
+
+    solo = gradient_of(make_sharing(sharing_config(mode="none"), LossConfig()))
+    at_no_trust = gradient_of(make_sharing(sharing_config(mode="hacpo", guard={"trust_rate": 0.0}), LossConfig()))
+    unguarded = gradient_of(make_sharing(sharing_config(mode="hacpo", guard={"enabled": False}), LossConfig()))
+    assert solo.abs().sum() > 0 and not torch.allclose(unguarded, solo, atol=1e-4)
+    assert torch.allclose(at_no_trust, solo, rtol=1e-5, atol=1e-7)
+
+
 def test_the_probe_gradient_leaves_the_guards_step_direction_alone():
     """gradient() (the testbed's variance probes) combines through the guard without ending a step: the
     direction the step has gathered so far, the next hindsight's evidence, is as it was."""
@@ -433,27 +452,37 @@ def test_pooled_baselines_keep_the_second_backward_where_they_change_the_advanta
     assert not torch.equal(w, w_wrong) and stats_wrong != stats
 
 
-@pytest.mark.parametrize("name", ["prp", "hacpo"])
-def test_peer_rollouts_cost_a_second_backward_only_on_the_prompts_they_reach(monkeypatch, name):
-    """PRP and HACPO with peer rollouts for prompts 1 and 2 of 4: their totals count the peer samples (c ≠ 1),
-    prompts 0 and 3 keep solo's advantages (g_s from c × their gradient), prompts 1 and 2 take the second
-    backward; the update is the one the second backward everywhere gives, to float rounding."""
-    rewards = [[1, 0, 0, 1], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 1, 0]]
-    peers = PeerBatch(rollouts={1: [peer(1, 2, 0.0), peer(1, 3, 0.0)], 2: [peer(2, 2, 1.0), peer(2, 2, 1.0)]},
+_ROLLOUTS = PeerBatch(rollouts={1: [peer(1, 2, 0.0), peer(1, 3, 0.0)], 2: [peer(2, 2, 1.0), peer(2, 2, 1.0)]},
                       capability={"j": 0.5})
+_REWARDS = [[1, 0, 0, 1], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 1, 0]]
+
+
+def test_peer_rollouts_cost_a_second_backward_only_on_the_prompts_they_reach(monkeypatch):
+    """PRP with peer rollouts for prompts 1 and 2 of 4: its totals count the peer samples (c ≠ 1), prompts 0 and
+    3 keep solo's advantages (g_s from c × their gradient), prompts 1 and 2 take the second backward; the update
+    is the one the second backward everywhere gives, to float rounding."""
     calls = _count_second_backwards(monkeypatch)
-    w, stats, work = _guarded_updates(monkeypatch, name, peers, rewards)
+    w, stats, work = _guarded_updates(monkeypatch, "prp", _ROLLOUTS, _REWARDS)
     fast = len(calls)
-    # D / D_solo: tokens (PRP under the default token-mean: 32 own + 9 peer) or sequences (HACPO: 16 + 4)
-    assert work.solo_scale == pytest.approx(41 / 32 if name == "prp" else 20 / 16)
+    assert work.solo_scale == pytest.approx(41 / 32)          # D / D_solo: tokens under token-mean, 32 own + 9 peer
     assert all(0 < first < len(groups) for first, groups in zip(work.changed_from, work.own_groups))
     changed = sorted(i for groups, first in zip(work.own_groups, work.changed_from) for g in groups[first:] for i in g)
     assert changed == list(range(4, 12))                     # prompts 1 and 2's samples, nothing else
-    w_full, stats_full, _ = _guarded_updates(monkeypatch, name, peers, rewards, all_changed=True)
+    w_full, stats_full, _ = _guarded_updates(monkeypatch, "prp", _ROLLOUTS, _REWARDS, all_changed=True)
     assert 0 < fast < len(calls) - fast
     assert torch.allclose(w, w_full, rtol=1e-5, atol=1e-6)
     for s, s_full in zip(stats, stats_full):
         assert s.keys() == s_full.keys() and all(s[k] == pytest.approx(s_full[k], rel=1e-4, abs=1e-6) for k in s)
+
+
+def test_hacpos_own_samples_all_take_the_solo_losss_backward(monkeypatch):
+    """HACPO's own loss is GSPO, solo's is the trainer's (GRPO): no own sample's solo gradient is a copy of its own,
+    not even on the prompts no peer reached, so every micro-batch takes the second backward."""
+    calls = _count_second_backwards(monkeypatch)
+    _, stats, work = _guarded_updates(monkeypatch, "hacpo", _ROLLOUTS, _REWARDS)
+    assert work.changed_from == [0] * len(work.own_groups) and work.solo_scale == 1.0
+    assert len(calls) == 2 * 2 * sum(len(groups) for groups in work.own_groups)    # μ = 2 passes, 2 updates
+    assert math.isfinite(stats[1]["guard_hindsight"])
 
 
 # --- what the combination costs (mrl bench guard) ------------------------------------------------------------

@@ -1,11 +1,13 @@
 """The no-harm guard: a receiver keeps from its peers only what does not work against its own learning.
 
 Every sharing mode changes a policy's update by a peer term. With g_s the gradient of the solo loss (own
-samples, own-group advantages, the solo normalisers: what the policy would do alone) and g_m the gradient of
-the mode's whole loss (its own advantages and normalisers, plus its extra sequences), the peer term is
+samples, own-group advantages, the solo normalisers, the trainer's loss: what `none` would do) and g_m the
+gradient of the mode's whole loss (its own advantages, normalisers and own-sample loss, plus its extra
+sequences), the peer term is
 
     d = g_m − g_s                 (PRP: pooled baselines + peer rollouts; XGRPO: pooled baselines;
-                                   SGT: the rescue NLL; HACPO: the mixed baseline + weighted peer samples)
+                                   SGT: the rescue NLL; HACPO: the mixed baseline + weighted peer samples +
+                                   its GSPO loss on own samples in place of the trainer's)
 
 Evidence the receiver checks itself, on every optimizer step (mini-batch), from its own samples only:
 

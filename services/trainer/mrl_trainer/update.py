@@ -11,11 +11,12 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
               successes remembered first), a forward and backward of its own, before the first optimizer step
     for epoch in 0 .. μ−1, for b in 0 .. k−1 (a mini-batch with nothing to forward is skipped):
         w_b · Σ_micro  sharing.own_loss(logp, old, A[g], mask, ref_logp, max_tokens, totals=plan.totals) → backward
-        guard:  g_s = ∇ w_b · Σ_micro  sharing.own_loss(…, A_solo[g], …, totals=the solo totals), the solo loss
-                (A_solo: own-group advantages). A sample whose advantage the plan left as solo's (A_i = A_solo,i
-                exactly) has the same per-token loss in both; only the normaliser D differs, so its part of g_s
-                is c = D / D_solo times its part of the gradient (losses.normaliser): the mini-batch's unchanged
-                samples are forwarded first, in micro-batches of their own, and g_s starts as c × the gradient
+        guard:  g_s = ∇ w_b · Σ_micro  sharing.solo_loss(…, A_solo[g], …, totals=the solo totals), the solo loss
+                (A_solo: own-group advantages; the trainer's loss, as `none` trains on it). Where the mode's own
+                loss is solo's (all but HACPO, whose own loss is GSPO), a sample whose advantage the plan left as
+                solo's (A_i = A_solo,i exactly) has the same per-token loss in both; only the normaliser D
+                differs, so its part of g_s is c = D / D_solo times its part of the gradient
+                (losses.normaliser): the mini-batch's unchanged samples are forwarded first, in micro-batches of their own, and g_s starts as c × the gradient
                 they accumulated (a copy; when no sample changed and c = 1, that gradient itself, moved out of
                 the parameters, so that the extras' backward leaves d alone there); each micro-batch of changed
                 samples adds one more backward of the solo loss from the same forward (retain_graph; under FSDP,
@@ -194,10 +195,12 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
     if sharing is None:
         own_groups = [_grouped(part, own_lengths, budget) for part in own_parts]
     else:
-        solo_totals = sharing.own_totals(batch)
-        scale = float(normaliser(sharing.aggregation, **plan.totals, max_tokens=1)        # Dr.GRPO's T_max cancels
-                      / normaliser(sharing.aggregation, **solo_totals, max_tokens=1))
-        unchanged = (advantages == solo).tolist() if advantages.dtype == solo.dtype else [False] * len(active)
+        solo_totals, unchanged = sharing.own_totals(batch), [False] * len(active)
+        if sharing.own_loss_is_solo:    # else (HACPO's GSPO) no sample's own loss is its solo loss
+            scale = float(normaliser(loss_cfg.aggregation, **plan.totals, max_tokens=1)    # Dr.GRPO's T_max cancels
+                          / normaliser(loss_cfg.aggregation, **solo_totals, max_tokens=1))
+            if advantages.dtype == solo.dtype:
+                unchanged = (advantages == solo).tolist()
         for part in own_parts:
             kept = _grouped([i for i in part if unchanged[i]], own_lengths, budget)
             own_groups.append(kept + _grouped([i for i in part if not unchanged[i]], own_lengths, budget))
@@ -236,8 +239,8 @@ def _own_forward(logprobs: LogProbs, work: _Work, g: list[int], old, reference: 
 
 
 def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, mask, ref, max_tokens: int):
-    """The guard's solo loss of own samples g: own-group advantages, the solo normalisers."""
-    return sharing.own_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
+    """The guard's solo loss of own samples g: own-group advantages, the solo normalisers, solo's loss."""
+    return sharing.solo_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
                             max_tokens=max_tokens, totals=work.solo_totals)[0]
 
 

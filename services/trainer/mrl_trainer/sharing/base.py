@@ -193,19 +193,28 @@ class SharingMode:
         """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std)."""
         return Plan(solo_advantages(batch, self.loss), totals=self.own_totals(batch))
 
-    @property
-    def aggregation(self) -> str:
-        """The aggregation of own_loss: the loss config's."""
-        return self.loss.aggregation
+    def solo_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
+                  max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
+        """The trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss config), the
+        loss `none` trains on: S / D with D = losses.normaliser(loss.aggregation, **totals), S independent of the
+        totals. The guard's g_s is its gradient, whatever loss the mode puts on its own samples."""
+        cfg = self.loss
+        return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=cfg.beta, eps_low=cfg.eps_low,
+                           eps_high=cfg.eps_high, level=cfg.level, aggregation=cfg.aggregation,
+                           max_tokens=max_tokens, **totals)
 
     def own_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
                  max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
-        """The trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss config): S / D
-        with D = losses.normaliser(self.aggregation, **totals), S independent of the totals."""
-        cfg = self.loss
-        return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=cfg.beta, eps_low=cfg.eps_low,
-                           eps_high=cfg.eps_high, level=cfg.level, aggregation=self.aggregation,
-                           max_tokens=max_tokens, **totals)
+        """The mode's loss on own samples at the plan's advantages and totals: solo's (a mode with a loss of its
+        own, HACPO's GSPO, overrides it; the difference is then part of its peer term)."""
+        return self.solo_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, max_tokens=max_tokens,
+                              totals=totals)
+
+    @property
+    def own_loss_is_solo(self) -> bool:
+        """Whether own_loss is solo_loss: a sample whose advantage the plan left as solo's then has the same
+        per-token loss in both (mrl_trainer.update takes its part of g_s from its own gradient)."""
+        return type(self).own_loss is SharingMode.own_loss
 
     @property
     def screens(self) -> bool:

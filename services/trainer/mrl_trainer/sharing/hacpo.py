@@ -194,15 +194,11 @@ class HACPO(SharingMode):
         return Plan(own_advantages, extras=extras, totals=totals,
                     extra_totals=totals, stats=stats)
 
-    @property
-    def aggregation(self) -> str:
-        return self.sharing.hacpo.aggregation
-
     def own_loss(self, logp, old_logp, advantages, mask, *, ref_logp, max_tokens, totals):
         """GSPO on own samples: sequence ratio, clip [1 − 3e-4, 1 + 4e-4], β·KL only here."""
         return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=self.loss.beta,
                            eps_low=GSPO_EPS_LOW, eps_high=GSPO_EPS_HIGH, level="sequence",
-                           aggregation=self.aggregation, max_tokens=max_tokens, **totals)
+                           aggregation=self.sharing.hacpo.aggregation, max_tokens=max_tokens, **totals)
 
     @property
     def screens(self) -> bool:
