@@ -16,12 +16,13 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 loss is solo's (all but HACPO, whose own loss is GSPO), a sample whose advantage the plan left as
                 solo's (A_i = A_solo,i exactly) has the same per-token loss in both; only the normaliser D
                 differs, so its part of g_s is c = D / D_solo times its part of the gradient
-                (losses.normaliser): the mini-batch's unchanged samples are forwarded first, in micro-batches of their own, and g_s starts as c × the gradient
-                they accumulated (a copy; when no sample changed and c = 1, that gradient itself, moved out of
-                the parameters, so that the extras' backward leaves d alone there); each micro-batch of changed
-                samples adds one more backward of the solo loss from the same forward (retain_graph; under FSDP,
-                whose sharded parameters take gradients only from backward passes, the changed micro-batches'
-                solo loss takes a forward and backward of its own)
+                (losses.normaliser): the mini-batch's unchanged samples are forwarded first, in micro-batches
+                of their own, and g_s starts as c × the gradient they accumulated (a copy; when no sample
+                changed and c = 1, that gradient itself, moved out of the parameters, so that the extras'
+                backward leaves d alone there); each micro-batch of changed samples adds one more backward of
+                the solo loss from the same forward (retain_graph; under FSDP, whose sharded parameters take
+                gradients only from backward passes, the changed micro-batches' solo loss takes a forward and
+                backward of its own)
         w_b · Σ_micro  sharing.extra_loss(logp, mask, extras[g], update=m, max_tokens, totals=plan.extra_totals)
                 (a mode that `screens` — HACPO, whose clipped peer samples have no gradient — has its extras
                 forwarded without autograd before the own samples, for the loss's value and the statistics;
@@ -241,7 +242,7 @@ def _own_forward(logprobs: LogProbs, work: _Work, g: list[int], old, reference: 
 def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, mask, ref, max_tokens: int):
     """The guard's solo loss of own samples g: own-group advantages, the solo normalisers, solo's loss."""
     return sharing.solo_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
-                            max_tokens=max_tokens, totals=work.solo_totals)[0]
+                             max_tokens=max_tokens, totals=work.solo_totals)[0]
 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
