@@ -155,8 +155,9 @@ def test_the_testbeds_async_inbox_offers_only_what_is_within_the_bound_as_the_tr
 
 @pytest.mark.parametrize("coupling", ["lockstep", "async"])
 def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_loss(coupling):
-    """`-alone`: the mode's objective without peers. SGT's, XGRPO's and PRP's own loss is the trainer's (GRPO),
-    so their -alone is solo exactly; HACPO's is GSPO's, so hacpo-alone is not, and it pools no peer rollout."""
+    """`-alone`: the mode without peers. SGT's, XGRPO's and PRP's own loss is the trainer's (GRPO), so their
+    -alone is solo exactly; HACPO's is GSPO's, so hacpo-unguarded-alone is not, and it pools no peer rollout.
+    (Guarded, HACPO alone steps as solo until its guard trusts GSPO's difference from GRPO.)"""
     from mrl_launcher.lab.point import Settings
     from mrl_launcher.lab.run import mode_config, run_one
     assert mode_config("hacpo-alone") == mode_config("hacpo")
@@ -164,8 +165,9 @@ def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_lo
     assert mode_config("hacpo-alone-unguarded") == mode_config("hacpo-unguarded-alone")
     settings = Settings(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=2)
     point = Point(interference=1.0)
-    runs = {spec: run_one(point, settings, f"{spec}:coupling={coupling}" + ("" if spec == "none" else "-alone"),
-                          seed=1) for spec in ("none", "sgt", "xgrpo", "prp", "hacpo")}
+    suffixes = {"none": "", "sgt": "-alone", "xgrpo": "-alone", "prp": "-alone", "hacpo": "-unguarded-alone"}
+    runs = {mode: run_one(point, settings, f"{mode}:coupling={coupling}{suffix}", seed=1)
+            for mode, suffix in suffixes.items()}
     for policy in ("a", "b"):
         solo, hacpo = runs["none"]["policies"][policy], runs["hacpo"]["policies"][policy]
         for spec in ("sgt", "xgrpo", "prp"):

@@ -234,8 +234,10 @@ ALONE = "-alone"
 
 def _suffixes(spec: str) -> tuple[str, bool, bool]:
     """A spec without its suffixes, in either order, and which it had: (body, `-unguarded`, `-alone`).
-    `-alone` (`hacpo-alone`): the mode's own objective with no peer experience (both policies publish and
-    receive nothing), the control that tells the mode's sharing from its own loss."""
+    `-alone` (`hacpo-alone`): the mode as configured, its guard included, with no peer experience (both policies
+    publish and receive nothing), the control that tells the mode's sharing from the rest of its update. Guarded
+    HACPO alone is GRPO plus the trusted part of GSPO's difference from it; `hacpo-unguarded-alone` is GSPO
+    alone."""
     found = {UNGUARDED: False, ALONE: False}
     while suffix := next((s for s in found if spec.endswith(s) and not found[s]), None):
         spec, found[suffix] = spec[:-len(suffix)], True

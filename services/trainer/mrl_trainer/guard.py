@@ -74,10 +74,11 @@ so they are not capped by default.
 Costs: three gradient-sized buffers (g_s, in which the combination is made; the last step's direction; g_r; d,
 d⊥ and r, the step's peer direction, are made in place of g_m), one forward and backward over the recalled
 successes per step with a peer term (with a memory), and computing g_s. An own sample whose advantage the mode
-left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's, PRP's and HACPO's on prompts no peer
-reached) adds to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio
-of the two normalisers (1 but for PRP and HACPO, which count the peer samples): its part of g_s is c times a
-copy of its accumulated gradient, no extra compute; where every own sample is such a one and c = 1 (SGT), the
+left as solo's (SGT's, whose peer term is only the rescue NLL; XGRPO's and PRP's on prompts no peer reached)
+adds to the solo loss c times what it adds to the mode's own loss, where c = D / D_solo is the ratio of the two
+normalisers (1 but for PRP, which counts the peer samples): its part of g_s is c times a copy of its accumulated
+gradient, no extra compute (not so under HACPO, whose own-sample loss, GSPO, is not solo's: each of its own
+micro-batches takes the second backward below); where every own sample is such a one and c = 1 (SGT), the
 accumulated gradient is g_s itself, moved out before the peer term's backward, which then leaves d alone. Each
 micro-batch of samples whose advantage the mode changed takes one more backward (the solo loss, from the same
 forward; under torchrun a forward and backward of its own); mrl_trainer.update sorts the samples on exact

@@ -124,13 +124,15 @@ class _Work:
     solo_advantages: torch.Tensor | None    # the guard's: own-group advantages of the active samples
     solo_totals: dict | None                # and the solo loss's normalisers
     solo_scale: float                       # c = D / D_solo: the solo loss of a sample the plan left alone is
-                                            # c × its own loss (losses.normaliser of the two totals)
+                                            # c × its own loss (losses.normaliser of the two totals); 1 where
+                                            # the mode's own loss is not solo's (no sample is left alone)
     changed_from: list[int]                 # [mini-batch] → its first micro-batch of samples whose advantage
                                             # the plan changed (the ones before hold only unchanged samples)
     budget: int                             # loss.micro_batch_tokens: the most padded tokens per micro-batch
 
     def has_peer_term(self) -> bool:
-        """Whether the mode's update can differ from solo's: extras, changed advantages or normalisers."""
+        """Whether the mode's update can differ from solo's: extras, changed advantages or normalisers, or an
+        own-sample loss of its own (then every own micro-batch counts as changed)."""
         return bool(self.extras) or self.solo_scale != 1.0 or \
             any(first < len(groups) for first, groups in zip(self.changed_from, self.own_groups))
 
@@ -175,7 +177,8 @@ def _split(indices: list[int], prompt_of: list[int], parts: list[range]) -> list
 def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing: SharingMode | None = None) -> _Work:
     """With `sharing` (its guard on), the solo loss's advantages and normalisers too, the own samples that
     either loss needs, and each mini-batch's own samples in two runs of micro-batches: first those whose
-    advantage the plan left as solo's (exactly), then those it changed."""
+    advantage the plan left as solo's (exactly), then those it changed (all of them, when the mode's own loss is
+    not solo's: sharing.own_loss_is_solo)."""
     flat = [s for group in batch.samples for s in group]
     flat_prompt = [p for p, group in enumerate(batch.samples) for _ in group]
     own_prompts = [group[0].prompt_ids for group in batch.samples]
@@ -258,8 +261,9 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
         g_s = c · Σ_{unchanged micro-batches} g_own  +  Σ_{changed micro-batches} ∇ solo loss
 
     the first term a scaled copy of the gradient accumulated over the unchanged micro-batches (this rank's
-    shards), taken when they are done (work.solo_scale: a sample whose advantage the plan left alone has the same
-    per-token loss in both, only the normaliser differs); the second `changed` when given (under FSDP:
+    shards), taken when they are done (work.solo_scale: where the mode's own loss is solo's, a sample whose
+    advantage the plan left alone has the same per-token loss in both, only the normaliser differs; HACPO has no
+    unchanged micro-batch); the second `changed` when given (under FSDP:
     _sharded_solo), else, per changed micro-batch, a second backward (autograd.grad) of the solo loss from the
     same forward. Where nothing changed and c = 1 (SGT, whose peer term is only its rescues' NLL; a mini-batch no
     peer reached), g_s is the own gradient itself: it is moved out of the parameters, not copied, so the extras'

@@ -144,8 +144,9 @@ class SharingMode:
         cumulative    the stats that count per step: figures draw them summed over steps
         summary       stat → its column in the report's summary table (the total if cumulative, else the mean)
 
-    and overrides plan, and extra_loss (and summarize) when it forwards extra sequences; the registry in
-    sharing/__init__.py lists it.
+    and overrides plan, and extra_loss (and summarize) when it forwards extra sequences, and own_loss when it puts
+    a loss of its own on its own samples (HACPO: GSPO; the guard still measures against solo_loss); the registry
+    in sharing/__init__.py lists it.
     """
     name: ClassVar[str]
     title: ClassVar[str]
