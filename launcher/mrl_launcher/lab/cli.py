@@ -19,8 +19,8 @@ def bandit(parser):
                                                                    "0; tune on other seeds than you report)")
     parser.add_argument("--modes", help="comma-separated sharing modes or variants, mode:field=value[:…] (e.g. "
                                         "xgrpo:uniform_groups=zero; a suffix -unguarded: without the guard, "
-                                        "-alone: without peers, the control for the rest of the mode's update; default: "
-                                        "every registered mode)")
+                                        "-alone: without peers, the control for the rest of the mode's update; "
+                                        "default: every registered mode)")
     parser.add_argument("--workers", type=int, default=default_workers(), help="processes (default: every core)")
     parser.add_argument("--out", help="write bandit.json, tradeoff.png, curves.png and report.md here")
     axes = parser.add_argument_group("the point (with --sweep: the point the sweep varies around)")
