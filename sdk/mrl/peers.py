@@ -262,9 +262,10 @@ def guided_batch(offered: list[str], find, own: list, size: int, share: float) -
     """A peer-guided batch of `size` problems and how many the peers chose: first up to ⌊share·size⌋ problems of
     the `offered` prompt ids (in their order) that `find(prompt_id)` knows (None: not one of this policy's), then
     the policy's `own` problems (each with a .prompt_id) for the rest."""
+    most = int(share * size + 1e-9)                 # a share computed as 0.5 · 0.9999999 still takes ⌊0.5·size⌋
     guided: dict[str, object] = {}
     for prompt_id in offered:
-        if len(guided) >= int(share * size):
+        if len(guided) >= most:
             break
         problem = find(prompt_id)
         if problem is not None:

@@ -125,12 +125,13 @@ def test_a_variant_runs_under_its_own_name():
 def test_a_slow_policys_guided_contexts_keep_the_peer_groups_it_chose_them_for():
     """Under async a step lasts: b's lasts `speed` of a's steps. b chooses half its contexts from a's groups when its
     step starts and takes them when it ends, after a published `speed` newer versions (max_staleness 1): XGRPO still
-    pools a's group on every guided context (PeerIndex.hold)."""
+    pools a's group on every guided context (PeerIndex.hold). (Full guidance: XGRPO's trust starts at 0.)"""
     from dataclasses import replace
     from mrl_launcher.lab.point import Settings
     from mrl_launcher.lab.run import run_one
     settings = Settings(contexts=32, prompts_per_step=4, steps=8, eval_every=4, probes=1)
-    b = run_one(replace(Point(), speed=4), settings, "xgrpo:coupling=async", seed=0)["policies"]["b"]["stats"]
+    b = run_one(replace(Point(), speed=4), settings, "xgrpo:coupling=async:guard.guidance=full",
+                seed=0)["policies"]["b"]["stats"]
     assert b["peer_guided"] > 1.5                            # a mean per step: 2 of 4 after the first step
     group = Point().group_size
     assert b["xgrpo_pooled"] >= group * (1 + b["peer_guided"] / settings.prompts_per_step)
@@ -177,6 +178,29 @@ def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_lo
         assert runs["sgt"]["policies"][policy]["stats"]["sgt_accepted"] == 0
         assert hacpo["stats"]["peer_samples"] == 0
         assert hacpo["reward"] != solo["reward"]              # GSPO's sequence-level loss: another update
+
+
+@pytest.mark.parametrize("mode", ["prp", "sgt", "xgrpo", "hacpo"])
+def test_an_async_mode_its_guard_trusts_not_at_all_trains_exactly_as_solo(mode):
+    """The guard turns a peer it does not trust down to solo, the prompts included: at τ = 0 (τ_0 = 0 and η = 0) the
+    peers choose none of the batch (guidance ⌊guided_share·τ·P⌋), so every own step is solo's, prompt for prompt.
+    With `guard.guidance=full` they still choose up to ⌊guided_share·P⌋, and the run is not solo's."""
+    from dataclasses import replace
+    from mrl_launcher.lab.point import Settings
+    from mrl_launcher.lab.run import run_one
+    settings = Settings(contexts=16, prompts_per_step=4, steps=6, eval_every=2, probes=1)
+    point = replace(Point(), speed=2)
+    solo = run_one(point, settings, "none:coupling=async", seed=3)
+    untrusted = f"{mode}:coupling=async:guard.initial_trust=0:guard.trust_rate=0"
+    guarded = run_one(point, settings, untrusted, seed=3)
+    for policy in ("a", "b"):
+        run = guarded["policies"][policy]
+        assert run["stats"]["peer_guided"] == 0
+        assert (run["curve"], run["reward"], run["grad_var"]) == \
+            (solo["policies"][policy]["curve"], solo["policies"][policy]["reward"], solo["policies"][policy]["grad_var"])
+    full = run_one(point, settings, f"{untrusted}:guard.guidance=full", seed=3)
+    assert full["policies"]["b"]["stats"]["peer_guided"] > 0
+    assert full["policies"]["b"]["reward"] != solo["policies"]["b"]["reward"]
 
 
 def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guidance():

@@ -575,8 +575,10 @@ def tiny_trainer(tmp_path_factory):
     ("hacpo", {"hacpo_ratio_mean", "hacpo_clipped", "hacpo_lower_bound"})])
 def test_trainer_update_runs_a_plan_with_extras(tiny_trainer, name, summary):
     trainer = tiny_trainer
-    # uncapped: the plan's advantages are made up, and the tiny model's own groups may all be uniform (g_s = 0)
-    trainer.sharing = SHARING_MODES[name](sharing_config(mode=name, guard={"max_ratio": 0}), trainer.cfg.loss)
+    # uncapped and trusted: the plan's advantages are made up, and the tiny model's own groups may all be uniform
+    # (g_s = 0), where a peer term at τ = 0 (HACPO's τ_0) takes no step
+    trainer.sharing = SHARING_MODES[name](sharing_config(mode=name, guard={"max_ratio": 0, "initial_trust": 1}),
+                                          trainer.cfg.loss)
     batch = trainer.rollout(0)
     n = sum(len(g) for g in batch.samples)
     own = [s for g in batch.samples for s in g]
@@ -660,7 +662,8 @@ def test_hacpo_forwards_its_clipped_peer_samples_without_gradient(tiny_trainer, 
     runs = {}
     try:
         for screen in (False, True):
-            trainer.sharing = SHARING_MODES["hacpo"](sharing_config(mode="hacpo", hacpo={"screen": screen}),
+            trainer.sharing = SHARING_MODES["hacpo"](sharing_config(mode="hacpo", hacpo={"screen": screen},
+                                                                    guard={"initial_trust": 1}),   # steps at g_s = 0
                                                      trainer.cfg.loss)
             rows.clear()
             stats = trainer.update(batch, plan)

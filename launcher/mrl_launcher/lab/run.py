@@ -342,7 +342,7 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
         if starts:
             if t in eval_steps:
                 k.curve.append(_greedy_success(k.model, bandit))
-            chosen[i] = (_guided(k, bandit, t, settings.prompts_per_step, cfg.guided_share) if k.inbox
+            chosen[i] = (_guided(k, bandit, t, settings.prompts_per_step, k.sharing.guided_share()) if k.inbox
                          else (bandit.batch(t, settings.prompts_per_step), 0))
             continue
         problems, guided = chosen[i]

@@ -129,6 +129,10 @@ class GuardConfig(Section):
                                                                         "(their peer terms carry the peer's "
                                                                         "samples), 0 for XGRPO and HACPO (mostly "
                                                                         "a pooled baseline: trust is earned).")
+    guidance: Literal["trust", "full"] = Field(
+        "trust", description="async: how many of a batch's prompts the peers may choose. trust: at most "
+                             "⌊guided_share·τ·P⌋, so a peer the guard has turned down to solo chooses none and the "
+                             "batch is the task's own, as solo's; full: ⌊guided_share·P⌋ whatever τ.")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")
@@ -212,7 +216,8 @@ class Guard:
         memory): d⊥ is then also projected against it. The evidence: agreement cos(d, g_s) and hindsight
         cos(last step's peer term, g_s) (nan without one), projected (0 or 1; projection: tensor, the share of
         parameter tensors projected), with a memory remembered (0 or 1, or that share: d⊥ lowered the
-        likelihood of the remembered successes), and with max_ratio capped (1: w < τ). `gather`: r is added to the
+        likelihood of the remembered successes), with max_ratio capped (1: w < τ), and idle (True: g_s = 0 and
+        nothing of d passed, so the combination is exactly 0). `gather`: r is added to the
         step's peer direction, the next step's hindsight evidence (False: a combination that is not a step's, e.g.
         mrl_trainer.update.gradient's).
 
@@ -277,7 +282,8 @@ class Guard:
             for total, pp in zip(self._direction, direction):
                 total.add_(pp)
         evidence = {"agreement": _cos(dot, ss, dd), "projected": sum(c != 0 for c in coefficients) / max(n, 1),
-                    "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan}
+                    "hindsight": _cos(hind[0], ss, self._previous_ss) if hind else math.nan,
+                    "idle": ss == 0 and (weight == 0 or dd == 0)}
         if self.config.max_ratio:
             evidence["capped"] = float(weight < self.trust)
         if g_r is not None:

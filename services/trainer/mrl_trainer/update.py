@@ -29,7 +29,10 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 only those that sharing.live finds with a gradient are forwarded here, with autograd, in
                 micro-batches of their own. Before the own backward, since FSDP2 keeps its root module
                 unsharded after a forward until a backward: after the optimizer step it would be stale)
-        guard:  grad ← guard.combine(g_m = grad (or d), g_s, g_r)   (mrl_trainer.guard)
+        guard:  grad ← guard.combine(g_m = grad (or d), g_s, g_r)   (mrl_trainer.guard); a mini-batch with no
+                sample the solo loss forwards (solo skips it) whose peer term did not pass (τ = 0, or the size
+                cap) takes no optimizer step: AdamW would move the weights by its momentum and weight decay
+                where solo's leaves them, so at τ = 0 a guarded mode steps exactly as solo
         clip_grad_norm_(max_grad_norm); optimizer.step(); zero_grad; m += 1
     stats   = loss (the last pass, Σ over its mini-batches without the factor k), grad_norm (the last step's,
               before clipping), active share, extras, updates (μ·k minus skipped), plan.stats, the own_loss
@@ -129,6 +132,7 @@ class _Work:
     changed_from: list[int]                 # [mini-batch] → its first micro-batch of samples whose advantage
                                             # the plan changed (the ones before hold only unchanged samples)
     budget: int                             # loss.micro_batch_tokens: the most padded tokens per micro-batch
+    solo_idle: list[bool]                   # [mini-batch] → it holds no sample solo's loss forwards (the guard's)
 
     def has_peer_term(self) -> bool:
         """Whether the mode's update can differ from solo's: extras, changed advantages or normalisers, or an
@@ -209,10 +213,11 @@ def _work(batch: StepBatch, plan: Plan, loss_cfg, mini_batches: int = 1, sharing
             kept = _grouped([i for i in part if unchanged[i]], own_lengths, budget)
             own_groups.append(kept + _grouped([i for i in part if not unchanged[i]], own_lengths, budget))
             changed_from.append(len(kept))
+    solo_idle = [not any(loss_cfg.beta > 0 or solo[i] != 0 for i in part) for part in own_parts]
     return _Work(len(flat), active, advantages, own, extras, peer, own_groups,
                  [_grouped(part, peer_lengths, budget) for part in peer_parts],
                  [n_prompts / max(len(part), 1) for part in parts],
-                 solo if sharing is not None else None, solo_totals, scale, changed_from, budget)
+                 solo if sharing is not None else None, solo_totals, scale, changed_from, budget, solo_idle)
 
 
 def _finite(loss: torch.Tensor, step: int) -> float:
@@ -430,7 +435,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step, ranks)
     if remembered is not None:
         clock.lap("memory")
-    m, evidence = 0, []
+    m, evidence, grad_norm = 0, [], 0.0
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
         for b in range(len(work.own_groups)):
@@ -450,6 +455,9 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             if guard is not None:
                 evidence.append(guard.combine(params, solo, ranks, remembered, peer_only))
                 clock.lap("guard")
+                if work.solo_idle[b] and evidence[-1]["idle"]:   # g = 0 where solo takes no step: none either
+                    optimizer.zero_grad(set_to_none=True)
+                    continue
             grad_norm = full(torch.nn.utils.clip_grad_norm_(params, loss_cfg.max_grad_norm))
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -471,8 +479,9 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     if guard is not None:
         sums.update(guard.observe(evidence, ranks))
+    idle = {"skipped": 1.0} if m == 0 else {}     # the guard let nothing through: no optimizer step was taken
     return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
-            "extras": len(work.extras), "updates": m, **plan.stats, **sums, **clock.stats()}
+            "extras": len(work.extras), "updates": m, **idle, **plan.stats, **sums, **clock.stats()}
 
 
 def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMode, loss_cfg, batch: StepBatch,

@@ -186,6 +186,15 @@ class SharingMode:
         for prompt, ids in state.get("guard_memory", []):
             self.guard.keep(prompt, ids)
 
+    def guided_share(self) -> float:
+        """async: the most of a batch's prompts its peers choose (sdk guided_batch): sharing.guided_share, times
+        the guard's trust τ under `guard.guidance: trust` (so at τ = 0 the batch is solo's); unguarded or
+        `guidance: full`, guided_share itself."""
+        share = self.sharing.guided_share
+        if self.guard is None or self.guard.config.guidance == "full":
+            return share
+        return share * self.guard.trust
+
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
         return dict(num_sequences=len(flat), num_tokens=sum(len(s.ids) for s in flat))
