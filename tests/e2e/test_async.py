@@ -114,6 +114,29 @@ def test_async_staleness_drops_are_counted(tmp_path, exchange, run_id):
     assert sum(r["peer_dropped"] for r in train) == 4 * 2
 
 
+def test_a_peer_the_guard_does_not_trust_chooses_none_of_the_batch(tmp_path, exchange, run_id):
+    """Guidance follows the guard's trust: at τ = 0 (τ_0 = 0, η = 0) the peers choose no prompt, ⌊guided_share·τ·P⌋
+    = 0, and the batches are the task's own, as solo's; with guard.guidance: full they choose up to half."""
+    guided = {}
+    for guidance in ("trust", "full"):
+        out = tmp_path / guidance
+        config = _config(out, exchange, f"{run_id}-{guidance}", steps=2,
+                         guard={"initial_trust": 0, "trust_rate": 0, "guidance": guidance})
+        with ExchangeClient(exchange.target) as client:
+            trainer = build_trainer(config, exchange=client)
+            peer = ScriptedPeer(exchange.target, f"{run_id}-{guidance}", trainer.task, trainer.tokenizer)
+            try:
+                for version in range(4, 8):            # prompts of steps 4..7: none of the receiver's own 0..1
+                    peer.publish_step(version)
+                wait_for(lambda: len(trainer.inbox._index.entries) == 8, timeout_s=30.0)
+                trainer.run()
+            finally:
+                trainer.close()
+                peer.close()
+        guided[guidance] = [r["peer_guided"] for r in _train_records(out)]
+    assert guided["trust"] == [0, 0] and all(g >= 1 for g in guided["full"])
+
+
 def test_a_slow_rollout_keeps_the_peer_groups_its_batch_was_chosen_for(tmp_path, exchange, run_id):
     """The receiver chooses step 0's batch while the peer's latest is version 0, then rolls out slowly: the fast
     peer publishes versions 1..6 meanwhile. With max_staleness 1 the version-0 groups would be stale by the collect

@@ -57,6 +57,11 @@ trust can be earned back (or earned first: τ_0 = 0). A step whose own gradient 
 KL) has no evidence: d passes at the current τ (⟨d, g_s⟩ = 0) and m is not updated. With τ = 1 and no conflict
 the update is the mode's own.
 
+At τ = 0 the mode is solo, step for step and prompt for prompt: where g = 0 and solo takes no optimizer step
+(`idle`, mrl_trainer.update) none is taken (AdamW would move the weights by its momentum), and under the async
+coupling the peers choose at most ⌊guided_share·τ·P⌋ of a batch's prompts (`guidance: trust`;
+SharingMode.guided_share): peer guidance changes what the receiver trains on, which the projection cannot see.
+
 Size (`max_ratio` = κ > 0; unset, the mode's default: 1 for SGT, no cap for the others): the peer term may
 not be larger than κ times the own gradient,
 

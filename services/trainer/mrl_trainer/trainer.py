@@ -1,8 +1,9 @@
 """The training loop of one policy: rollout → reward → publish → peers → update → checkpoint.
 
     step t:  problems   = task.batch(t, P)                       lockstep: same prompts for every policy at step t
-                                                                 async: up to ⌊guided_share·P⌋ of them replaced
-                                                                 by prompts the peers published (problems())
+                                                                 async: up to ⌊guided_share·τ·P⌋ of them replaced
+                                                                 by prompts the peers published (problems();
+                                                                 τ the guard's trust, 1 unguarded)
              y_1..y_G   ~ π_old(· | x)                           engine.generate, behaviour log-probs kept
              R_i        = verifier(x, y_i) ∈ [0, 1]
              publish    rollouts, group_stats, successes, policy_stats (when an exchange is configured)
@@ -307,7 +308,7 @@ class Trainer:
 
     def problems(self, step: int) -> tuple[list[Problem], int]:
         """The prompts of step `step` and how many of them the peers chose. lockstep (or no peers): the task's
-        step-th batch, the same for every policy. async: first up to ⌊guided_share·P⌋ prompts the peers have
+        step-th batch, the same for every policy. async: first up to ⌊guided_share·τ·P⌋ prompts the peers have
         published (PeerIndex.offered: their successes this policy has not solved first), then the task's
         step-th batch for the rest. A peer's prompt id is only a key into this policy's own task (Task.find):
         the question and the answer are always its own. async: the batch's peer experience is held from here to

@@ -11,8 +11,8 @@ Each policy chooses its mode in its own config (`sharing:`), so one run can mix 
 policy publishes all four kinds whatever its mode. Coordination (trainer.py, mrl.peers): prompts
 by global id, in one of two couplings. lockstep: at step t a policy waits at most `peer_wait_s` for
 its peers' experience of its batch, then goes on with what arrived. async: a policy never waits; it
-uses what its peers have published for its batch's prompts, and up to `guided_share` of a batch are
-prompts its peers published. lockstep drops experience more than `max_staleness` versions behind its
+uses what its peers have published for its batch's prompts, and up to `guided_share` (times the guard's trust) of a
+batch are prompts its peers published. lockstep drops experience more than `max_staleness` versions behind its
 own step; async drops a peer's groups more than `max_staleness` versions behind that peer's latest,
 judged when the batch is chosen (a long rollout does not age them), and keeps verified successes however
 old.
@@ -92,7 +92,8 @@ class _Sharing(Section):
                                                     "judged when the batch is chosen.")
     guided_share: float = Field(0.5, ge=0, le=1, description="async: the most of a batch's prompts taken from those "
                                                              "the peers have published (their successes this "
-                                                             "policy has not solved first); the rest follow the "
+                                                             "policy has not solved first), times the guard's "
+                                                             "trust τ (guard.guidance); the rest follow the "
                                                              "task's own order.")
     max_age_s: float = Field(0, ge=0, description="async: also drop a peer's group older than this (its created_at; "
                                                   "0: no age limit).")
