@@ -3,7 +3,7 @@ the peer-guided offer, and what is dropped counted."""
 import pytest
 
 from mrl.experience import new_experience
-from mrl.peers import PeerIndex
+from mrl.peers import PeerIndex, guided_batch
 from mrl.v1 import experience_pb2 as pb
 
 
@@ -99,6 +99,17 @@ def test_offered_puts_peer_successes_this_policy_lacks_first_newest_first():
     add_all(ix, group("peer", 1, "rescue-new", [1.0]) + [success("peer", 1, "rescue-new")])
     add_all(ix, group("peer", 1, "plain-new", [0.0]))
     assert ix.offered(solved={"solved"}) == ["rescue-new", "rescue-old", "plain-new", "solved", "plain-old"]
+
+
+def test_a_guided_batch_takes_the_offered_prompts_first_up_to_the_share_and_the_own_order_after():
+    from types import SimpleNamespace as P
+    own = [P(prompt_id=f"own{i}") for i in range(4)]
+    known = {f"peer{i}": P(prompt_id=f"peer{i}") for i in range(3)}
+    offered = ["peer0", "elsewhere", "peer1", "peer2"]          # "elsewhere": not one of this policy's prompts
+    ids = lambda batch: [p.prompt_id for p in batch[0]]         # noqa: E731
+    assert ids(guided_batch(offered, known.get, own, 4, 0.5)) == ["peer0", "peer1", "own0", "own1"]
+    assert guided_batch(offered, known.get, own, 4, 0.5 * (1 - 1e-15))[1] == 2    # a share of τ·0.5 at τ ≈ 1
+    assert guided_batch(offered, known.get, own, 4, 0.49)[1] == 1 and guided_batch(offered, known.get, own, 4, 0)[1] == 0
 
 
 def test_an_unknown_coupling_is_refused():
