@@ -194,10 +194,9 @@ def test_an_async_mode_its_guard_trusts_not_at_all_trains_exactly_as_solo(mode):
     untrusted = f"{mode}:coupling=async:guard.initial_trust=0:guard.trust_rate=0"
     guarded = run_one(point, settings, untrusted, seed=3)
     for policy in ("a", "b"):
-        run = guarded["policies"][policy]
+        run, alone = guarded["policies"][policy], solo["policies"][policy]
         assert run["stats"]["peer_guided"] == 0
-        assert (run["curve"], run["reward"], run["grad_var"]) == \
-            (solo["policies"][policy]["curve"], solo["policies"][policy]["reward"], solo["policies"][policy]["grad_var"])
+        assert (run["curve"], run["reward"], run["grad_var"]) == (alone["curve"], alone["reward"], alone["grad_var"])
     full = run_one(point, settings, f"{untrusted}:guard.guidance=full", seed=3)
     assert full["policies"]["b"]["stats"]["peer_guided"] > 0
     assert full["policies"]["b"]["reward"] != solo["policies"]["b"]["reward"]

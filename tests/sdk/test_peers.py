@@ -109,7 +109,8 @@ def test_a_guided_batch_takes_the_offered_prompts_first_up_to_the_share_and_the_
     ids = lambda batch: [p.prompt_id for p in batch[0]]         # noqa: E731
     assert ids(guided_batch(offered, known.get, own, 4, 0.5)) == ["peer0", "peer1", "own0", "own1"]
     assert guided_batch(offered, known.get, own, 4, 0.5 * (1 - 1e-15))[1] == 2    # a share of τ·0.5 at τ ≈ 1
-    assert guided_batch(offered, known.get, own, 4, 0.49)[1] == 1 and guided_batch(offered, known.get, own, 4, 0)[1] == 0
+    assert guided_batch(offered, known.get, own, 4, 0.49)[1] == 1
+    assert guided_batch(offered, known.get, own, 4, 0)[1] == 0
 
 
 def test_an_unknown_coupling_is_refused():
