@@ -262,7 +262,7 @@ def guided_batch(offered: list[str], find, own: list, size: int, share: float) -
     """A peer-guided batch of `size` problems and how many the peers chose: first up to ⌊share·size⌋ problems of
     the `offered` prompt ids (in their order) that `find(prompt_id)` knows (None: not one of this policy's), then
     the policy's `own` problems (each with a .prompt_id) for the rest."""
-    most = int(share * size + 1e-9)                 # a share computed as 0.5 · 0.9999999 still takes ⌊0.5·size⌋
+    most = int(share * size + 1e-9)                 # float rounding of a share times τ ≈ 1 loses no prompt
     guided: dict[str, object] = {}
     for prompt_id in offered:
         if len(guided) >= most:

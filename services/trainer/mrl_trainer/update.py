@@ -435,7 +435,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step, ranks)
     if remembered is not None:
         clock.lap("memory")
-    m, evidence, grad_norm = 0, [], 0.0
+    m, evidence, grad_norm = 0, [], math.nan
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
         for b in range(len(work.own_groups)):
@@ -479,9 +479,10 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     if guard is not None:
         sums.update(guard.observe(evidence, ranks))
-    idle = {"skipped": 1.0} if m == 0 else {}     # the guard let nothing through: no optimizer step was taken
-    return {"loss": loss_total, "grad_norm": float(grad_norm), "active": len(work.active) / work.n_samples,
-            "extras": len(work.extras), "updates": m, **idle, **plan.stats, **sums, **clock.stats()}
+    # the guard let nothing through: no optimizer step was taken, and no gradient norm to report (as solo's skip)
+    stepped = {"grad_norm": float(grad_norm)} if m else {"skipped": 1.0}
+    return {"loss": loss_total, **stepped, "active": len(work.active) / work.n_samples,
+            "extras": len(work.extras), "updates": m, **plan.stats, **sums, **clock.stats()}
 
 
 def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMode, loss_cfg, batch: StepBatch,
