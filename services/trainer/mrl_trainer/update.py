@@ -435,7 +435,7 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step, ranks)
     if remembered is not None:
         clock.lap("memory")
-    m, evidence, grad_norm = 0, [], math.nan
+    m, evidence = 0, []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
         for b in range(len(work.own_groups)):
