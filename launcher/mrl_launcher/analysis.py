@@ -18,12 +18,22 @@ problems both resampled; 95%, percentile):
                                 only when both last evals are at the same step (not for the baseline itself)
     delta_baseline_seeds_ci     the 95% t-interval of the per-seed mean differences (seeds only; wider than
                                 the bootstrap's seed axis with few seeds, which resampling 3 seeds understates)
+    late_steps                  the eval steps of the late window: those ≥ half the last eval's step
+    late_accuracy, late_ci      the late endpoint: mean of L[s, q] = the mean of X[s, q] over the late window's
+                                evals, and its interval; late_finals each seed's
+    delta_baseline_late, _ci,   the paired difference of L to the baseline's, and its two intervals as above;
+    delta_baseline_late_seeds_ci   only when both late windows are at the same steps
     curve                       per eval point: rollouts consumed (mean over seeds), mean, lo, hi
     target_accuracy             the baseline's final_accuracy
     rollouts_to_baseline        the rollouts of the mode's first curve point whose mean >= target (within
                                 1e-9); None if it never gets there
     ratio_to_baseline           rollouts_to_baseline / the baseline's own; below 1: fewer rollouts needed
 and, per policy, `interval`: "seeds × eval problems", or "seeds" where per-problem outcomes are missing.
+
+The late endpoint is pre-registered for small policies on a CPU budget, whose held-out accuracy can swing by more
+between two consecutive evals than a sharing mode moves it: one final eval then decides a comparison by chance.
+Averaging the second half's evals keeps the pairing (same seed, same problem) and weighs where a run ended up,
+not where its last eval happened to land.
 
 `compare(…, at_step=N)` reads every run as it stood at its eval of step N (`up_to`): its train records before
 step N and its evals up to it, so "final" is step N's. Arms whose runs went on for different budgets are then
@@ -169,23 +179,44 @@ def _matrices(by_seed: list[PolicyRun], per_problem: bool, ids: list[str]) -> tu
     return steps, [np.array([o[k][1] for o in outcomes]) for k in range(len(steps))]
 
 
-def _entry(by_seed: list[PolicyRun], mats: list[np.ndarray], base_final: np.ndarray | None) -> dict:
-    """One mode's figures; `base_final`: the baseline's final matrix, when the two are paired at that step."""
+def _late(steps: list[int], mats: list[np.ndarray]) -> tuple[list[int], np.ndarray]:
+    """(the late window's eval steps, L): L[s, q] the mean of X[s, q] over the evals at steps ≥ half the last's."""
+    late = [k for k, step in enumerate(steps) if 2 * step >= steps[-1]]
+    return [steps[k] for k in late], np.mean([mats[k] for k in late], axis=0)
+
+
+def _paired(diff: np.ndarray, suffix: str) -> dict:
+    """A paired difference matrix's mean, its crossed-bootstrap interval and the t-interval over seeds."""
+    d, dlo, dhi = crossed_bootstrap(diff)
+    _, tlo, thi = mean_ci([float(row.mean()) for row in diff])
+    return {f"delta_baseline{suffix}": d, f"delta_baseline{suffix}_ci": [dlo, dhi],
+            f"delta_baseline{suffix}_seeds_ci": [tlo, thi]}
+
+
+def _entry(by_seed: list[PolicyRun], steps: list[int], mats: list[np.ndarray],
+           base: tuple[list[int], list[np.ndarray]] | None) -> dict:
+    """One mode's figures; `base`: the baseline's eval steps and matrices (None for the baseline itself)."""
     rollouts = [round(sum(r.evals[k].get("rollouts_total") or 0 for r in by_seed) / len(by_seed))
                 for k in range(len(mats))]
     band = [crossed_bootstrap(m) for m in mats]
     mean, lo, hi = band[-1]
+    late_steps, late = _late(steps, mats)
+    late_mean, late_lo, late_hi = crossed_bootstrap(late)
     entry = {"sharing": by_seed[0].sharing, "steps": len(by_seed[0].train),
              "rollouts_total": max(r.rollouts_total or 0 for r in by_seed),
              "eval_problems": mats[-1].shape[1], "final_accuracy": mean, "final_ci": [lo, hi],
              "finals": [float(row.mean()) for row in mats[-1]],
+             "late_steps": late_steps, "late_accuracy": late_mean, "late_ci": [late_lo, late_hi],
+             "late_finals": [float(row.mean()) for row in late],
              "curve": {"rollouts": rollouts, "mean": [b[0] for b in band], "lo": [b[1] for b in band],
                        "hi": [b[2] for b in band]}}
-    if base_final is not None:     # paired: the same seeds (rows) and problems (columns), _matrices checked
-        diff = mats[-1] - base_final
-        d, dlo, dhi = crossed_bootstrap(diff)
-        _, tlo, thi = mean_ci([float(row.mean()) for row in diff])
-        entry.update(delta_baseline=d, delta_baseline_ci=[dlo, dhi], delta_baseline_seeds_ci=[tlo, thi])
+    if base is not None:     # paired: the same seeds (rows) and problems (columns), _matrices checked
+        base_steps, base_mats = base
+        if steps[-1] == base_steps[-1]:
+            entry.update(_paired(mats[-1] - base_mats[-1], ""))
+        base_late_steps, base_late = _late(base_steps, base_mats)
+        if late_steps == base_late_steps:
+            entry.update(_paired(late - base_late, "_late"))
     return entry
 
 
@@ -216,12 +247,8 @@ def compare_loaded(loaded: dict[str, dict[str, dict[str, PolicyRun]]], baseline:
         first = runs.get(baseline, next(iter(runs.values())))[0]
         ids = _outcomes(first, per_problem)[0][0]
         evals = {mode: _matrices(by_seed, per_problem, ids) for mode, by_seed in runs.items()}
-        base_steps, base_mats = evals.get(baseline, (None, None))
-
-        def paired_base(mode):       # the baseline's final matrix, if this mode's final eval is at the same step
-            steps = evals[mode][0]
-            return base_mats[-1] if mode != baseline and base_steps and steps[-1] == base_steps[-1] else None
-        entries = {mode: _entry(runs[mode], evals[mode][1], paired_base(mode)) for mode in runs}
+        base = evals.get(baseline)
+        entries = {mode: _entry(runs[mode], *evals[mode], base if mode != baseline else None) for mode in runs}
         target = entries[baseline]["final_accuracy"] if baseline in entries else None
         base_to = rollouts_to(entries[baseline]["curve"], target) if baseline in entries else None
         for entry in entries.values():

@@ -141,6 +141,10 @@ def _interval(mean, ci) -> str:
     return f"{mean:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci[0] is not None else f"{mean:+.3f}"
 
 
+def _accuracy(mean, ci) -> str:
+    return f"{mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def write_compare_report(seeds: dict[str, dict[str, list[str | Path]]], out_dir: str | Path,
                          baseline: str = "none") -> Path:
     """index.html (per policy: mean accuracy per mode with 95% bands against rollouts; the table) and
@@ -167,11 +171,15 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     header = ["policy", "mode", "steps", "rollouts consumed", "final accuracy [95%]", f"Δ vs {baseline} [95%]",
-              "Δ [95% t, seeds only]", "rollouts to baseline", "ratio to baseline"]
+              "Δ [95% t, seeds only]", "late accuracy [95%]", "late Δ [95%]", "late Δ [95% t]",
+              "rollouts to baseline", "ratio to baseline"]
     rows = [[policy, mode, s["steps"], s["rollouts_total"],
-             f"{s['final_accuracy']:.3f} [{s['final_ci'][0]:.3f}, {s['final_ci'][1]:.3f}]",
+             _accuracy(s["final_accuracy"], s["final_ci"]),
              _interval(s.get("delta_baseline"), s.get("delta_baseline_ci")),
              _interval(s.get("delta_baseline"), s.get("delta_baseline_seeds_ci")),
+             _accuracy(s["late_accuracy"], s["late_ci"]),
+             _interval(s.get("delta_baseline_late"), s.get("delta_baseline_late_ci")),
+             _interval(s.get("delta_baseline_late"), s.get("delta_baseline_late_seeds_ci")),
              s["rollouts_to_baseline"], s["ratio_to_baseline"]]
             for policy, entry in result["policies"].items() for mode, s in entry.items()]
     figures = []
@@ -186,7 +194,9 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
     body = (f"<p>{len(result['seeds'])} seed(s): {html.escape(', '.join(result['seeds']))}; baseline mode: "
             f"<b>{html.escape(baseline)}</b>. {at}Δ = the paired difference of final held-out accuracy to the "
             "baseline (same seed, same eval problem), with its 95% bootstrap interval, and the t-interval of the "
-            "per-seed differences (wider with few seeds, whose spread resampling understates). rollouts to baseline = "
+            "per-seed differences (wider with few seeds, whose spread resampling understates). late = the mean "
+            "over the evals at steps ≥ half the last eval's, per seed and problem (the pre-registered endpoint for "
+            "runs whose single evals swing), and late Δ its paired difference. rollouts to baseline = "
             "the rollouts at a mode's first eval point whose mean accuracy ≥ the baseline's final (— if never); "
             "ratio = that over the baseline's own. <a href=\"compare.json\">compare.json</a></p>"
             + "<h2>Comparison</h2>" + _table(header, rows) + "".join(figures))

@@ -216,6 +216,31 @@ def test_compare_over_seeds_pairs_modes_by_seed_and_problem(tmp_path):
     assert none["curve"]["mean"][0] == pytest.approx(0.1) and none["curve"]["lo"][0] < 0.1 < none["curve"]["hi"][0]
 
 
+def test_compare_late_endpoint_averages_the_second_half_of_the_evals(tmp_path):
+    """The pre-registered late endpoint: per seed and problem, the mean over the evals at steps ≥ half the last
+    eval's step; its paired difference to the baseline averages out a last eval's swing. Solo swings from 16 to 8
+    of 40 at its last two evals, prp holds 14: the final difference is +0.15, the late one +0.05."""
+    seeds = {}
+    for s in range(3):
+        d = tmp_path / f"s{s}"
+        seeds[f"s{s}"] = {"none": [_scored(d / "none.jsonl", "qwen", "none", [4, 6 + s, 16, 8])],
+                          "prp": [_scored(d / "prp.jsonl", "qwen", "prp", [4, 30, 14, 14])]}
+    result = compare(seeds)
+    none, prp = result["policies"]["qwen"]["none"], result["policies"]["qwen"]["prp"]
+    assert none["late_steps"] == prp["late_steps"] == [4, 6]            # steps 0, 2, 4, 6: the half from 3 on
+    assert none["late_accuracy"] == pytest.approx(12 / 40) and prp["late_accuracy"] == pytest.approx(14 / 40)
+    assert none["late_finals"] == pytest.approx([0.3, 0.3, 0.3])
+    assert prp["delta_baseline"] == pytest.approx(0.15) and prp["delta_baseline_late"] == pytest.approx(0.05)
+    lo, hi = prp["delta_baseline_late_ci"]
+    assert lo <= 0.05 <= hi and prp["delta_baseline_late_seeds_ci"] == pytest.approx([0.05, 0.05])
+    assert prp["late_ci"][0] <= prp["late_accuracy"] <= prp["late_ci"][1]
+    assert "delta_baseline_late" not in none
+    seeds = {"s0": {"none": [_scored(tmp_path / "a.jsonl", "qwen", "none", [4, 8, 8])],       # steps 0, 2, 4
+                    "prp": [_scored(tmp_path / "b.jsonl", "qwen", "prp", [4, 8, 8, 8])]}}    # steps 0 … 6
+    prp = compare(seeds)["policies"]["qwen"]["prp"]
+    assert prp["late_steps"] == [4, 6] and "delta_baseline_late" not in prp      # other windows: not paired
+
+
 def test_compare_refuses_unpaired_runs(tmp_path):
     other = [f"task:eval:1:{i}" for i in range(40)]
     seeds = {"s0": {"none": [_scored(tmp_path / "a.jsonl", "qwen", "none", [4, 8])],
@@ -245,9 +270,11 @@ def test_write_compare_report(tmp_path):
     assert len(pngs) == 2 and all(f'src="{name}"' in page for name in pngs)
     assert "q&lt;w&gt;en" in page and "q<w>en" not in page and "llama" in page
     assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600 [0.600, 0.600]</td>" \
+           "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>0.550 [0.550, 0.550]</td>" \
            "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>64</td><td>0.667</td></tr>" in page
     assert "<td>sgt</td><td>6</td><td>96</td><td>0.450 [0.450, 0.450]</td><td>-0.050 [-0.050, -0.050]</td>" \
-           "<td>-0.050</td><td>—</td><td>—</td></tr>" in page
+           "<td>-0.050</td><td>0.450 [0.450, 0.450]</td><td>+0.000 [+0.000, +0.000]</td><td>+0.000</td>" \
+           "<td>—</td><td>—</td></tr>" in page     # late: the evals of steps 4 and 6
     assert "<td>llama</td><td>sgt</td><td>8</td><td>128</td><td>0.300 [0.300, 0.300]</td><td>—</td>" in page
 
 
