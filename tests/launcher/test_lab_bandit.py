@@ -202,20 +202,6 @@ def test_an_async_mode_its_guard_trusts_not_at_all_trains_exactly_as_solo(mode):
     assert full["policies"]["b"]["reward"] != solo["policies"]["b"]["reward"]
 
 
-def test_a_probe_lets_an_untrusted_peer_choose_a_prompt_every_nth_step():
-    """guard.probe_every = 2 at τ = 0 (τ_0 = 0, η = 0): the peer chooses one context on every other step where one
-    is on offer, and on no step without probes."""
-    from dataclasses import replace
-    from mrl_launcher.lab.point import Settings
-    from mrl_launcher.lab.run import run_one
-    settings = Settings(contexts=16, prompts_per_step=4, steps=8, eval_every=4, probes=1, p_strong=0.99, p_weak=0.0)
-    point = replace(Point(), gap=1.0, speed=2)
-    untrusted = "prp:coupling=async:guard.initial_trust=0:guard.trust_rate=0"
-    without = run_one(point, settings, untrusted, seed=2)["policies"]["b"]["stats"]["peer_guided"]
-    probed = run_one(point, settings, f"{untrusted}:guard.probe_every=2", seed=2)["policies"]["b"]["stats"]
-    assert without == 0 and 0 < probed["peer_guided"] <= 0.5          # the mean per step: ≤ one on 4 steps of 8
-
-
 def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guidance():
     from dataclasses import replace
     from mrl_launcher.lab.point import Settings

@@ -404,26 +404,6 @@ def test_xgrpos_and_hacpos_trust_is_earned_by_default_and_any_modes_initial_trus
     assert make_sharing(sharing_config(mode="xgrpo", guard={"initial_trust": 1.0}), LossConfig()).guard.trust == 1.0
 
 
-def test_guidance_follows_trust_and_a_probe_lets_the_peers_choose_one_prompt_every_nth_step():
-    """async, guidance trust: the peers choose up to ⌊guided_share·τ·P⌋ prompts. With probe_every = n, on every
-    n-th step where that is no prompt they choose one, so a trust that fell to 0 can meet the evidence that would
-    raise it again; guided_share = 0 (no guidance asked for) stays 0, and full guidance ignores τ."""
-    def shares(trust, steps=range(9), share=0.5, **guard):
-        mode = make_sharing(sharing_config(mode="prp", guided_share=share,
-                                           guard={"initial_trust": trust, **guard}), LossConfig())
-        return [mode.guided_share(step, 4) for step in steps]
-
-    assert shares(1.0) == [0.5] * 9 and shares(0.0) == [0.0] * 9
-    assert shares(0.0, probe_every=4) == [0.25, 0, 0, 0, 0.25, 0, 0, 0, 0.25]
-    assert shares(0.3, probe_every=4) == pytest.approx([0.25, 0.15, 0.15, 0.15, 0.25, 0.15, 0.15, 0.15, 0.25])
-    assert shares(1.0, probe_every=4) == [0.5] * 9 and shares(0.0, share=0.0, probe_every=1) == [0.0] * 9
-    assert shares(0.0, guidance="full") == [0.5] * 9
-    unguarded = make_sharing(sharing_config(mode="prp", guard={"enabled": False}), LossConfig())
-    assert unguarded.guided_share(0, 4) == 0.5
-    with pytest.raises(ValueError, match="greater than or equal to 0"):
-        GuardConfig(probe_every=-1)
-
-
 def test_a_checkpoint_keeps_the_score_below_zero():
     """τ = max(0, (m − σ_0)/(1 − σ_0)): the state keeps m itself, so a resumed receiver has as much to make up as it
     had; a checkpoint from before the score (guard_trust only) resumes at the m that gives its τ."""

@@ -310,13 +310,11 @@ def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Ban
     return eval_steps
 
 
-def _guided(k: _Policy, bandit: Bandit, t: int, size: int) -> tuple[list, int]:
+def _guided(k: _Policy, bandit: Bandit, t: int, size: int, share: float) -> tuple[list, int]:
     """As Trainer.problems under the async coupling: up to ⌊share·P⌋ contexts the peer published (its successes
-    k has not solved first; share = SharingMode.guided_share), then step t's own schedule for the rest; their peer
-    experience held (PeerIndex.hold)."""
+    k has not solved first), then step t's own schedule for the rest; their peer experience held (PeerIndex.hold)."""
     by_id = {p.prompt_id: p for p in bandit.problems}
-    problems, guided = guided_batch(k.inbox.offered(k.solved), by_id.get, bandit.batch(t, size), size,
-                                    k.sharing.guided_share(t, size))
+    problems, guided = guided_batch(k.inbox.offered(k.solved), by_id.get, bandit.batch(t, size), size, share)
     k.inbox.hold([p.prompt_id for p in problems])
     return problems, guided
 
@@ -344,7 +342,7 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
         if starts:
             if t in eval_steps:
                 k.curve.append(_greedy_success(k.model, bandit))
-            chosen[i] = (_guided(k, bandit, t, settings.prompts_per_step) if k.inbox
+            chosen[i] = (_guided(k, bandit, t, settings.prompts_per_step, k.sharing.guided_share()) if k.inbox
                          else (bandit.batch(t, settings.prompts_per_step), 0))
             continue
         problems, guided = chosen[i]

@@ -61,10 +61,6 @@ At τ = 0 the mode is solo, step for step and prompt for prompt: where g = 0 and
 (`idle`, mrl_trainer.update) none is taken (AdamW would move the weights by its momentum), and under the async
 coupling the peers choose at most ⌊guided_share·τ·P⌋ of a batch's prompts (`guidance: trust`;
 SharingMode.guided_share): peer guidance changes what the receiver trains on, which the projection cannot see.
-That makes τ = 0 absorbing where the receiver's own schedule never meets its peers' (a stream of prompts, a fast
-peer far ahead): no peer term, so no evidence to earn trust back. `probe_every` = n > 0 trades a little of the
-solo equivalence for it: on every n-th step where ⌊guided_share·τ·P⌋ = 0 the peers choose one prompt, so the
-receiver is solo on all but one prompt in n·P, and the peer term on that prompt is judged as any other.
 
 Size (`max_ratio` = κ > 0; unset, the mode's default: 1 for SGT, no cap for the others): the peer term may
 not be larger than κ times the own gradient,
@@ -142,11 +138,6 @@ class GuardConfig(Section):
         "trust", description="async: how many of a batch's prompts the peers may choose. trust: at most "
                              "⌊guided_share·τ·P⌋, so a peer the guard has turned down to solo chooses none and the "
                              "batch is the task's own, as solo's; full: ⌊guided_share·P⌋ whatever τ.")
-    probe_every: int = Field(0, ge=0, description="async, guidance trust: on every n-th step where "
-                                                  "⌊guided_share·τ·P⌋ is no prompt, the peers choose one (a "
-                                                  "probe), so that a trust that fell to 0 meets the evidence "
-                                                  "that could raise it again. 0: no probes (at τ = 0 the batch "
-                                                  "is solo's).")
     memory_batch: int = Field(4, ge=1, le=256, description="Remembered successes whose gradient each step with "
                                                            "a peer term takes (one more forward and backward "
                                                            "over them).")

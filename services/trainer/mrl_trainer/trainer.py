@@ -318,7 +318,7 @@ class Trainer:
         if self.inbox is None or sharing.coupling == "lockstep":
             return own, 0
         problems, guided = guided_batch(self.inbox.offered(self._solved.keys()), self.task.find, own, size,
-                                        self.sharing.guided_share(step, size))
+                                        self.sharing.guided_share())
         self.inbox.hold([p.prompt_id for p in problems])
         return problems, guided
 

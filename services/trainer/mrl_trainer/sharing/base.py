@@ -186,18 +186,14 @@ class SharingMode:
         for prompt, ids in state.get("guard_memory", []):
             self.guard.keep(prompt, ids)
 
-    def guided_share(self, step: int, size: int) -> float:
-        """async: the most of step `step`'s `size` prompts its peers choose (sdk guided_batch), as a share:
-        sharing.guided_share, times the guard's trust τ under `guard.guidance: trust` (so at τ = 0 the batch is
-        solo's), and at least one prompt (1/size) on a probe step (`guard.probe_every`) where that share is less;
-        unguarded or `guidance: full`, guided_share itself."""
+    def guided_share(self) -> float:
+        """async: the most of a batch's prompts its peers choose (sdk guided_batch): sharing.guided_share, times
+        the guard's trust τ under `guard.guidance: trust` (so at τ = 0 the batch is solo's); unguarded or
+        `guidance: full`, guided_share itself."""
         share = self.sharing.guided_share
         if self.guard is None or self.guard.config.guidance == "full":
             return share
-        every, trusted = self.guard.config.probe_every, share * self.guard.trust
-        if share > 0 and every and step % every == 0 and trusted * size + 1e-9 < 1:
-            return 1 / size
-        return trusted
+        return share * self.guard.trust
 
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
