@@ -29,10 +29,14 @@ PEERS = PeerBatch(group_rewards={0: [1, 1, 0, 0], 1: [1, 0, 0, 0], 3: [0, 1, 1, 
                   rollouts={0: [peer(0, 4, 1.0, behaviour=-4.0), peer(0, 3, 0.0, behaviour=-4.5)],
                             3: [peer(3, 4, 1.0, behaviour=-4.2)]},
                   capability={"j": 0.6})
+# --untrusted: prompts 2–4, the second mini-batch, are uniform (solo takes no step there) and prompt 3 has peer
+# experience; every guard at τ = 0 for good
+IDLE_REWARDS = [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]]
 MODES = ("none", "xgrpo", "sgt", "hacpo", "prp")
 
 
-def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resume: str | None) -> dict:
+def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resume: str | None,
+        untrusted: bool = False) -> dict:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=VOCAB,
                                        bos_token_id=0, eos_token_id=0, attn_pdrop=0.0, embd_pdrop=0.0,
@@ -45,17 +49,19 @@ def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resum
     # applies its peer term, the combination the shards must reproduce; with a memory (off by default), whose
     # recalled successes' gradient the shards must reproduce too
     guard = {"guard": {"initial_trust": 1.0, "memory": 64}} if mode != "none" else {}
+    if untrusted and mode != "none":
+        guard = {"guard": {"initial_trust": 0.0, "trust_rate": 0.0}}
     sharing = make_sharing(sharing_config(mode=mode, **pushed, **guard), loss)
     optimizer = adamw(model, loss)
-    batch = make_batch(REWARDS, LENGTHS)
+    batch = make_batch(IDLE_REWARDS if untrusted else REWARDS, LENGTHS)
     logprobs = lambda prompts, completions: completion_logprobs(model, prompts, completions, 0, 1.0)  # noqa: E731
     if resume:
         distributed.load(f"{resume}/{mode}", model, optimizer)
     stats = []
+    params = list(model.parameters())   # taken before any forward, as the trainer does (Trainer.params)
     for _ in range(steps):
         plan = sharing.plan(batch, PEERS, capability=0.5, verify=answer_verifier(batch))
-        stats.append(update(logprobs, list(model.parameters()), optimizer, sharing, loss, batch, plan, max_tokens=8,
-                            ranks=ranks))
+        stats.append(update(logprobs, params, optimizer, sharing, loss, batch, plan, max_tokens=8, ranks=ranks))
     if save:
         distributed.save(f"{save}/{mode}", model, optimizer, steps)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -69,10 +75,12 @@ def main() -> None:
     parser.add_argument("--save")
     parser.add_argument("--resume")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--untrusted", action="store_true")
     args = parser.parse_args()
     ranks = distributed.setup() if distributed.under_torchrun() else distributed.Ranks()
     try:
-        results = {mode: run(mode, args.steps, ranks, args.save, args.resume) for mode in args.modes.split(",")}
+        results = {mode: run(mode, args.steps, ranks, args.save, args.resume, args.untrusted)
+                   for mode in args.modes.split(",")}
         if ranks.main:
             torch.save(results, args.out)
     finally:                    # a rank that raises still leaves the process group (else it may abort at exit)

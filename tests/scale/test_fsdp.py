@@ -71,6 +71,18 @@ def test_the_update_sharded_over_two_ranks_is_the_single_process_update(tmp_path
         assert not torch.equal(initial[mode]["params"]["lm_head.weight"], single[mode]["params"]["lm_head.weight"])
 
 
+@pytest.mark.timeout(300)
+def test_at_no_trust_the_sharded_update_takes_solos_steps_and_no_other(tmp_path):
+    """Every guard at τ = 0, over 2 ranks: the second mini-batch is uniform (solo takes no step on it) and carries
+    peer experience. Every mode takes solo's optimizer steps only (the ranks agree to skip: the guard's inner
+    products are summed over them) and ends where solo does, to rounding; a step more would move it by ~lr."""
+    two = run_worker(2, tmp_path / "two.pt", "--untrusted", "--steps", "3")
+    solo = two["none"]
+    for mode in two:
+        assert [s["updates"] for s in two[mode]["stats"]] == [s["updates"] for s in solo["stats"]] == [1, 1, 1], mode
+    assert_same(two, {mode: solo for mode in two})
+
+
 @pytest.mark.timeout(480)
 def test_a_sharded_checkpoint_resumes_at_the_same_and_at_another_world_size(tmp_path):
     mode = ("--modes", "sgt")
