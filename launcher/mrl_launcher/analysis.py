@@ -18,9 +18,9 @@ problems both resampled; 95%, percentile):
                                 only when both last evals are at the same step (not for the baseline itself)
     delta_baseline_seeds_ci     the 95% t-interval of the per-seed mean differences (seeds only; wider than
                                 the bootstrap's seed axis with few seeds, which resampling 3 seeds understates)
-    late_steps                  the eval steps of the late window: those ≥ half the last eval's step
-    late_accuracy, late_ci      the late endpoint: mean of L[s, q] = the mean of X[s, q] over the late window's
-                                evals, and its interval; late_finals each seed's
+    late_steps                  the late window W = {k : 2·t_k ≥ t_K}, the evals at steps t_k ≥ half the last's
+    late_accuracy, late_ci      the late endpoint: mean of L[s, q] = (1/|W|) Σ_{k∈W} X_k[s, q], and its
+                                interval; late_finals each seed's
     delta_baseline_late, _ci,   the paired difference of L to the baseline's, and its two intervals as above;
     delta_baseline_late_seeds_ci   only when both late windows are at the same steps
     curve                       per eval point: rollouts consumed (mean over seeds), mean, lo, hi
@@ -39,7 +39,7 @@ not where its last eval happened to land.
 step N and its evals up to it, so "final" is step N's. Arms whose runs went on for different budgets are then
 compared at equal own rollouts: under asynchronous coupling a fast policy may be given many more steps than its
 slow peer, so that it keeps training and publishing while the peer works, and is read at the peer's budget.
-Every run must have an eval at step N. `at_step={policy: N, …}` reads the named policies' runs at their own
+Every run must have an eval at step N, and the late window is then its evals at steps ≥ N/2. `at_step={policy: N, …}` reads the named policies' runs at their own
 steps and the others at their last eval: a fast policy at the end of its longer budget, its slow peer at its
 own.
 

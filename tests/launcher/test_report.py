@@ -181,15 +181,17 @@ def test_compare_at_a_step_of_each_policy_cuts_only_the_policies_named(tmp_path)
         compare({"s0": runs}, at_step={"phi": 4})
 
 
-def _scored(path, policy, sharing, correct_counts, problems=40, ids=None):
-    """Eval records with per-problem outcomes: problems 0..c-1 correct at each eval point."""
+def _scored(path, policy, sharing, correct_counts, problems=40, ids=None, every=2, first=0):
+    """Eval records with per-problem outcomes: problems 0..c-1 correct at each eval point, at steps first,
+    first + every, …"""
     ids = ids or [f"task:eval:0:{i}" for i in range(problems)]
     records = []
     for k, c in enumerate(correct_counts):
-        records.append({"step": 2 * k, "policy": policy, "kind": "eval", "eval_accuracy": c / problems,
+        step = first + every * k
+        records.append({"step": step, "policy": policy, "kind": "eval", "eval_accuracy": c / problems,
                         "eval_prompt_ids": ids, "eval_correct": [int(i < c) for i in range(problems)],
-                        "rollouts_total": 2 * k * G})
-        records.append({"step": 2 * k, "policy": policy, "reward_mean": 0.1, "rollouts_total": (2 * k + 1) * G,
+                        "rollouts_total": step * G})
+        records.append({"step": step, "policy": policy, "reward_mean": 0.1, "rollouts_total": (step + 1) * G,
                         "sharing": sharing})
     return _write(path, records)
 
@@ -237,8 +239,16 @@ def test_compare_late_endpoint_averages_the_second_half_of_the_evals(tmp_path):
     assert "delta_baseline_late" not in none
     seeds = {"s0": {"none": [_scored(tmp_path / "a.jsonl", "qwen", "none", [4, 8, 8])],       # steps 0, 2, 4
                     "prp": [_scored(tmp_path / "b.jsonl", "qwen", "prp", [4, 8, 8, 8])]}}    # steps 0 … 6
+    result = compare(seeds)["policies"]["qwen"]
+    assert result["none"]["late_steps"] == [2, 4] and result["prp"]["late_steps"] == [4, 6]    # half: included
+    assert "delta_baseline_late" not in result["prp"]                                          # not paired
+    seeds = {"s0": {"none": [_scored(tmp_path / "c.jsonl", "qwen", "none", [4, 8, 8, 8])],    # steps 0, 2, 4, 6
+                    "prp": [_scored(tmp_path / "d.jsonl", "qwen", "prp", [4, 8, 8], every=3)]}}  # 0, 3, 6
     prp = compare(seeds)["policies"]["qwen"]["prp"]
-    assert prp["late_steps"] == [4, 6] and "delta_baseline_late" not in prp      # other windows: not paired
+    assert prp["late_steps"] == [3, 6] and "delta_baseline" in prp and "delta_baseline_late" not in prp
+    late = compare({"s0": {"none": [_scored(tmp_path / "e.jsonl", "qwen", "none", [4, 8, 12, 16], every=10,
+                                            first=10)]}})["policies"]["qwen"]["none"]
+    assert late["late_steps"] == [20, 30, 40] and late["late_accuracy"] == pytest.approx(0.3)   # by step, not count
 
 
 def test_compare_refuses_unpaired_runs(tmp_path):
