@@ -39,9 +39,9 @@ not where its last eval happened to land.
 step N and its evals up to it, so "final" is step N's. Arms whose runs went on for different budgets are then
 compared at equal own rollouts: under asynchronous coupling a fast policy may be given many more steps than its
 slow peer, so that it keeps training and publishing while the peer works, and is read at the peer's budget.
-Every run must have an eval at step N, and the late window is then its evals at steps ≥ N/2. `at_step={policy: N, …}` reads the named policies' runs at their own
-steps and the others at their last eval: a fast policy at the end of its longer budget, its slow peer at its
-own.
+Every run must have an eval at step N, and the late window is then its evals at steps ≥ N/2.
+`at_step={policy: N, …}` reads the named policies' runs at their own steps and the others at their last eval: a
+fast policy at the end of its longer budget, its slow peer at its own.
 
 Errors (LauncherError, with what to do): a missing, empty or unreadable metrics file, a file with
 no eval records, one policy in two files of a run, a baseline mode absent from runs, seeds that ran other

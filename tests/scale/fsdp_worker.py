@@ -2,7 +2,8 @@
 from a fixed seed, sharded with mrl_trainer.distributed under torchrun, takes `--steps` updates of the trainer's
 update (mrl_trainer.update) on a fixed step batch in each sharing mode (its guard on), with several mini- and
 micro-batches; rank 0 writes each mode's full parameters and statistics to `--out`. `--save DIR` writes each mode's
-sharded checkpoint (torch.distributed.checkpoint) after the steps, `--resume DIR` starts from one."""
+sharded checkpoint (torch.distributed.checkpoint) after the steps, `--resume DIR` starts from one. `--untrusted`:
+every guard at τ = 0 for good, on a batch whose second mini-batch solo takes no step on."""
 import argparse
 import pathlib
 import sys
