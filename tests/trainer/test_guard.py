@@ -314,6 +314,67 @@ def test_hacpo_at_no_trust_steps_as_solo_does_not_on_its_own_gspo_loss():
     assert torch.allclose(at_no_trust, solo, rtol=1e-5, atol=1e-7)
 
 
+def _projected(d: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """d⊥ = d − min(0, ⟨d, g⟩) / ‖g‖² · g."""
+    return d - min(0.0, float(d @ g)) / float(g @ g) * g
+
+
+def test_hacpos_gspo_loss_and_its_peers_are_trusted_apart():
+    """HACPO's guard splits d into what its own loss changes and what its peers add:
+
+        g_s = ∇ GRPO at solo advantages (none's),  g_o = ∇ GSPO at solo advantages (HACPO with no peers),
+        g_m = ∇ HACPO with its peers
+        g_1 = g_s + τ_own · (g_o − g_s)⊥g_s,       g = g_1 + τ_peer · (g_m − g_o)⊥g_1
+
+    each with a trust of its own, so a peer never rides on the trust GSPO's part earned."""
+    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
+    peers = PeerBatch(rollouts={0: [peer(0, 2, 1.0), peer(0, 3, 0.0)], 1: [peer(1, 1, 1.0)]}, capability={"j": 0.5})
+
+    def gradient_of(sharing, peers):
+        table = _Table()
+        plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
+        return gradient(table, list(table.parameters()), sharing, LossConfig(), batch, plan, max_tokens=8).float()
+
+    g_s = gradient_of(make_sharing(sharing_config(mode="none"), LossConfig()), peers)
+    unguarded = sharing_config(mode="hacpo", guard={"enabled": False})
+    g_o, g_m = gradient_of(make_sharing(unguarded, LossConfig()), PeerBatch()), \
+        gradient_of(make_sharing(unguarded, LossConfig()), peers)
+    assert not torch.allclose(g_o, g_s, atol=1e-4) and not torch.allclose(g_m, g_o, atol=1e-4)
+    for own, peer_trust in ((1.0, 0.0), (0.0, 1.0), (0.5, 0.25)):
+        hacpo = make_sharing(sharing_config(mode="hacpo", guard={"trust_rate": 0.0}), LossConfig())
+        hacpo.own_guard.trust, hacpo.guard.trust = own, peer_trust
+        g_1 = g_s + own * _projected(g_o - g_s, g_s)
+        expected = g_1 + peer_trust * _projected(g_m - g_o, g_1)
+        assert torch.allclose(gradient_of(hacpo, peers), expected, rtol=1e-4, atol=1e-6), (own, peer_trust)
+
+
+def test_hacpos_peer_trust_is_earned_by_peers_alone():
+    """With no peer experience HACPO's peer term is 0: its trust and the share of prompts its peers may choose stay
+    at 0 however its GSPO part fares, which its own trust judges (hindsight on every step after the first)."""
+    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
+    sharing = make_sharing(sharing_config(mode="hacpo"), LossConfig())
+    table = _Table()
+    optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
+    stats = []
+    for _ in range(4):
+        plan = sharing.plan(batch, PeerBatch(), capability=0.5, verify=answer_verifier(batch))
+        stats.append(update(table, list(table.parameters()), optimizer, sharing, LossConfig(), batch, plan,
+                            max_tokens=8))
+    assert sharing.guard.score == 0.0 and sharing.guided_share() == 0.0
+    assert all("guard_hindsight" not in s for s in stats)
+    assert all(math.isfinite(s["guard_own_hindsight"]) for s in stats[1:]) and sharing.own_guard.score != 0.0
+    assert all("guard_own_trust" in s for s in stats)
+
+
+def test_a_checkpoint_keeps_hacpos_own_trust():
+    sharing = make_sharing(sharing_config(mode="hacpo"), LossConfig())
+    sharing.own_guard.score, sharing.guard.score = 0.7, -0.2
+    resumed = make_sharing(sharing_config(mode="hacpo"), LossConfig())
+    resumed.restore(sharing.state())
+    assert (resumed.own_guard.score, resumed.guard.score) == (0.7, -0.2)
+    assert make_sharing(sharing_config(mode="prp"), LossConfig()).own_guard is None
+
+
 @pytest.mark.parametrize("name", ["prp", "sgt", "xgrpo", "hacpo"])
 def test_at_no_trust_mini_batches_and_passes_step_as_solos_do(name):
     """k = 2 mini-batches, μ = 2 passes, τ = 0 throughout: prompt 0's mini-batch has a solo gradient, prompt 1's
@@ -514,14 +575,15 @@ def test_peer_rollouts_cost_a_second_backward_only_on_the_prompts_they_reach(mon
         assert s.keys() == s_full.keys() and all(s[k] == pytest.approx(s_full[k], rel=1e-4, abs=1e-6) for k in s)
 
 
-def test_hacpos_own_samples_all_take_the_solo_losss_backward(monkeypatch):
+def test_hacpos_own_samples_all_take_the_solo_and_own_losss_backwards(monkeypatch):
     """HACPO's own loss is GSPO, solo's is the trainer's (GRPO): no own sample's solo gradient is a copy of its own,
-    not even on the prompts no peer reached, so every micro-batch takes the second backward."""
+    not even on the prompts no peer reached, so every micro-batch takes the second backward, and a third for g_o
+    (GSPO at solo advantages, the own guard's)."""
     calls = _count_second_backwards(monkeypatch)
     _, stats, work = _guarded_updates(monkeypatch, "hacpo", _ROLLOUTS, _REWARDS)
     assert work.changed_from == [0] * len(work.own_groups) and work.solo_scale == 1.0
-    assert len(calls) == 2 * 2 * sum(len(groups) for groups in work.own_groups)    # μ = 2 passes, 2 updates
-    assert math.isfinite(stats[1]["guard_hindsight"])
+    assert len(calls) == 2 * 2 * 2 * sum(len(groups) for groups in work.own_groups)    # μ = 2 passes, 2 updates
+    assert math.isfinite(stats[1]["guard_hindsight"]) and math.isfinite(stats[1]["guard_own_hindsight"])
 
 
 # --- what the combination costs (mrl bench guard) ------------------------------------------------------------

@@ -6,8 +6,8 @@ gradient of the mode's whole loss (its own advantages, normalisers and own-sampl
 sequences), the peer term is
 
     d = g_m − g_s                 (PRP: pooled baselines + peer rollouts; XGRPO: pooled baselines;
-                                   SGT: the rescue NLL; HACPO: the mixed baseline + weighted peer samples +
-                                   its GSPO loss on own samples in place of the trainer's)
+                                   SGT: the rescue NLL; HACPO: the mixed baseline + weighted peer samples,
+                                   and its own loss in place of the trainer's: below)
 
 Evidence the receiver checks itself, on every optimizer step (mini-batch), from its own samples only:
 
@@ -89,6 +89,19 @@ micro-batch of samples whose advantage the mode changed takes one more backward 
 forward; under torchrun a forward and backward of its own); mrl_trainer.update sorts the samples on exact
 equality.
 
+A mode whose own-sample loss is not the trainer's (HACPO: GSPO) changes the update without any peer: that part
+is judged apart, by a second guard of the same kind (SharingMode.own_guard, stats guard_own_*), so a peer term
+never rides on trust the own loss earned, nor the own loss on the peers'. With g_o = ∇ of the mode's own loss at
+solo advantages and solo normalisers (what the mode would do with no peer), the two are chained:
+
+    g_1 = g_s + τ_own · (g_o − g_s)⊥g_s                      the own guard: d_own = g_o − g_s against g_s
+    g   = g_1 + τ · (g_m − g_o)⊥g_1                          the peer guard: d = g_m − g_o against g_1
+
+each trust learned in hindsight as above (the own guard's against the next g_s, the peer guard's against the
+next g_1), and guidance follows the peer guard's τ only. At τ_own = τ = 0, g = g_s exactly. It costs one more
+backward per own micro-batch (g_o, from the same forward) and one more gradient-sized buffer (the own guard's last
+direction; g_o's buffer becomes its step direction).
+
 The guard sees the whole peer term of a step, so its trust is per mode (one τ per receiver): with several
 peers it turns them down together. m and the memory are checkpointed with the trainer (SharingMode.state); the
 last direction is not, so the first step after a resume has no hindsight and leaves τ as it was.
@@ -151,18 +164,24 @@ class Guard:
              "guard_hindsight": "guard: cos(last step's peer term beyond the own gradient, own gradient)",
              "guard_trust": "guard: trust τ",
              "guard_remembered": "guard: share of updates projected against the remembered successes",
-             "guard_capped": "guard: share of updates whose peer term was cut to κ‖g_s‖"}
+             "guard_capped": "guard: share of updates whose peer term was cut to κ‖g_s‖",
+             "guard_own_agreement": "guard: cos(own loss's change, solo gradient)",
+             "guard_own_projected": "guard: share of updates whose own loss's change was projected",
+             "guard_own_hindsight": "guard: cos(last step's own loss's change beyond g_s, g_s)",
+             "guard_own_trust": "guard: trust τ_own in the mode's own loss"}
     figures = {"guard": ("guard_agreement", "guard_hindsight", "guard_projected", "guard_remembered",
-                         "guard_capped", "guard_trust")}
+                         "guard_capped", "guard_trust", "guard_own_hindsight", "guard_own_trust")}
     cumulative = frozenset()
-    summary = {"guard_trust": "mean guard trust τ"}
+    summary = {"guard_trust": "mean guard trust τ", "guard_own_trust": "mean guard trust τ_own"}
 
-    def __init__(self, config: GuardConfig, default_max_ratio: float = 0.0, default_initial_trust: float = 1.0):
+    def __init__(self, config: GuardConfig, default_max_ratio: float = 0.0, default_initial_trust: float = 1.0,
+                 name: str = "guard"):
         """`default_max_ratio`, `default_initial_trust`: κ and τ_0 when the config leaves them unset (the mode's,
-        SharingMode.guard_max_ratio and guard_initial_trust)."""
+        SharingMode.guard_max_ratio and guard_initial_trust); `name`: its stats' prefix (guard_own: the own loss's
+        guard)."""
         unset = {"max_ratio": default_max_ratio, "initial_trust": default_initial_trust}
         config = config.model_copy(update={k: v for k, v in unset.items() if getattr(config, k) is None})
-        self.config = config
+        self.config, self.name = config, name
         self.trust = config.initial_trust                    # sets the score m (m_0 such that τ = τ_0)
         self.previous: list[torch.Tensor] | None = None      # the last step's Σ r, one tensor per parameter
         self._previous_ss = 0.0                              # ‖previous‖², over all ranks
@@ -299,19 +318,20 @@ class Guard:
         """End of a step: m ← (1 − η)m + η·sign(h), h the mean hindsight (no change without one, or at h = 0),
         τ = max(0, (m − σ_0)/(1 − σ_0)); this step's peer direction r becomes the next step's `previous`. The
         step's guard stats (τ as the step used it)."""
-        stats = {"guard_trust": self.trust,
-                 "guard_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
+        name = self.name
+        stats = {f"{name}_trust": self.trust,
+                 f"{name}_projected": sum(e["projected"] for e in evidence) / max(len(evidence), 1)}
         for key in ("remembered", "capped"):
             values = [e[key] for e in evidence if key in e]
             if values:
-                stats[f"guard_{key}"] = sum(values) / len(values)
+                stats[f"{name}_{key}"] = sum(values) / len(values)
         for key in ("agreement", "hindsight"):
             values = [e[key] for e in evidence if not math.isnan(e[key])]
             if values:
-                stats[f"guard_{key}"] = sum(values) / len(values)
-        if "guard_hindsight" in stats:
+                stats[f"{name}_{key}"] = sum(values) / len(values)
+        if f"{name}_hindsight" in stats:
             eta = self.config.trust_rate
-            h = stats["guard_hindsight"]
+            h = stats[f"{name}_hindsight"]
             if h != 0:
                 self.score = (1 - eta) * self.score + eta * math.copysign(1.0, h)
         if self._direction is not None:

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mrl_trainer.distributed import Ranks, full, local
+from mrl_trainer.distributed import Ranks, full, gradient_of, local
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.losses import masked_seq_mean, normaliser
@@ -247,16 +247,20 @@ def _own_forward(logprobs: LogProbs, work: _Work, g: list[int], old, reference: 
     return logp, logp.detach() if old is None else old[tuple(g)], mask, ref
 
 
-def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, mask, ref, max_tokens: int):
-    """The guard's solo loss of own samples g: own-group advantages, the solo normalisers, solo's loss."""
-    return sharing.solo_loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref,
-                             max_tokens=max_tokens, totals=work.solo_totals)[0]
+def _solo_loss(sharing: SharingMode, work: _Work, g: list[int], logp, old_logp, mask, ref, max_tokens: int,
+               own: bool = False):
+    """The guard's solo loss of own samples g: own-group advantages, the solo normalisers, solo's loss (`own`: the
+    mode's own loss at them, whose gradient is the own guard's g_o)."""
+    loss = sharing.own_loss if own else sharing.solo_loss
+    return loss(logp, old_logp, work.solo_advantages[g].to(logp.device), mask, ref_logp=ref, max_tokens=max_tokens,
+                totals=work.solo_totals)[0]
 
 
 def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Work, b: int, old, m: int, *,
                 max_tokens: int, reference: LogProbs | None, step: int, sums: dict, per_sequence: dict,
                 clock: _Clock, scale: float = 1.0, solo: list | None = None, changed: list | None = None,
-                params: list | None = None, ranks: Ranks = Ranks()) -> tuple[float, bool]:
+                own: list | None = None, own_changed: list | None = None, params: list | None = None,
+                ranks: Ranks = Ranks()) -> tuple[float, bool]:
     """One pass over mini-batch b's micro-batches (backward on scale × each loss): its loss (unscaled), and whether
     the parameters' gradients then hold the peer term d alone (see below). Adds the
     own-loss statistics (weighted by their share of all active samples) to `sums` and the extras' per-sequence
@@ -272,9 +276,11 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
     _sharded_solo), else, per changed micro-batch, a second backward (autograd.grad) of the solo loss from the
     same forward. Where nothing changed and c = 1 (SGT, whose peer term is only its rescues' NLL; a mini-batch no
     peer reached), g_s is the own gradient itself: it is moved out of the parameters, not copied, so the extras'
-    backward leaves d = g_m − g_s alone in their gradients (returned True; Guard.combine's peer_only). Under
-    several ranks each forwards its deal of every micro-batch (_dealt), scaled by N to undo FSDP's average, and
-    adds its share."""
+    backward leaves d = g_m − g_s alone in their gradients (returned True; Guard.combine's peer_only). With `own`
+    (the own guard's buffers: a mode whose own loss is not solo's, every micro-batch changed) it puts g_o in it
+    likewise, ∇ of scale × the mode's own loss at solo advantages and normalisers: `own_changed` when given (FSDP),
+    else a third backward from the same forward. Under several ranks each forwards its deal of every micro-batch
+    (_dealt), scaled by N to undo FSDP's average, and adds its share."""
     groups, first_changed = work.own_groups[b], work.changed_from[b] if solo is not None else 0
     terms = dict(m=m, max_tokens=max_tokens, step=step, scale=scale, ranks=ranks, clock=clock)
     extra_groups, loss_total = work.extra_groups[b], 0.0
@@ -287,6 +293,7 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
     second = solo is not None and changed is None
     if second:
         changed = [None] * len(params)
+        own_changed = None if own is None else [None] * len(params)
     for j, whole in enumerate(groups):
         if solo is not None and j == first_changed:
             _take_scaled(solo, params, work.solo_scale)
@@ -302,7 +309,11 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
         clock.lap("own")
         if retain:
             solo_loss = _solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens)
-            _add(changed, torch.autograd.grad(solo_loss * weight, params, allow_unused=True))
+            _add(changed, torch.autograd.grad(solo_loss * weight, params, allow_unused=True,
+                                              retain_graph=own is not None))
+            if own is not None:
+                own_loss = _solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens, own=True)
+                _add(own_changed, torch.autograd.grad(own_loss * weight, params, allow_unused=True))
             clock.lap("solo")
     peer_only = solo is not None and first_changed >= len(groups) and work.solo_scale == 1.0
     if solo is not None:
@@ -312,6 +323,8 @@ def _accumulate(logprobs: LogProbs, sharing: SharingMode, plan: Plan, work: _Wor
             if first_changed >= len(groups):
                 _take_scaled(solo, params, work.solo_scale)
             _add(solo, changed)
+        if own is not None:
+            _add(own, own_changed)
         clock.lap("solo")
     if sharing.screens:     # the live extras' gradient; their loss and statistics came from the screening pass
         _extra_terms(logprobs, sharing, plan, work, extra_groups, **terms)
@@ -367,15 +380,46 @@ def _add(buffers: list, grads) -> None:
 
 
 def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int, old, params: list, *,
-                  max_tokens: int, reference: LogProbs | None, step: int, scale: float, ranks: Ranks) -> list:
-    """The changed micro-batches' part of the guard's g_s of mini-batch b when FSDP shards the parameters: a
-    sharded parameter gets its gradient only from a backward pass (not from autograd.grad), so their solo loss
-    takes a forward and backward of its own; its gradient (this rank's shards) is returned and cleared."""
+                  max_tokens: int, reference: LogProbs | None, step: int, scale: float, ranks: Ranks,
+                  own: bool = False) -> list:
+    """The changed micro-batches' part of the guard's g_s of mini-batch b when FSDP shards the parameters (`own`:
+    of the own guard's g_o): a sharded parameter gets its gradient only from a backward pass (not from
+    autograd.grad), so their solo loss takes a forward and backward of its own; its gradient (this rank's shards)
+    is returned and cleared."""
     for whole in work.own_groups[b][work.changed_from[b]:]:
         g, weight = _dealt(whole, ranks, scale)
         logp, old_logp, mask, ref = _own_forward(logprobs, work, g, old, reference)
-        _backward(_solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens), weight, step)
+        _backward(_solo_loss(sharing, work, g, logp, old_logp, mask, ref, max_tokens, own), weight, step)
     return _take_and_clear(params)
+
+
+def _combine(sharing: SharingMode, params: list, solo: list, own: list | None, ranks: Ranks,
+             remembered: list | None, peer_only: bool, gather: bool = True) -> tuple[dict, dict | None]:
+    """p.grad ← the guarded update (mrl_trainer.guard): Guard.combine of g_m (in p.grad; peer_only: g_m − g_s) and
+    g_s = `solo`; with an own guard (`own` = g_o), chained,
+
+        p.grad ← g_o, d = g_m − g_o aside;  own_guard.combine → g_1 = g_s + τ_own·(g_o − g_s)⊥g_s
+        p.grad ← d;                          guard.combine(peer_only) → g_1 + τ·d⊥g_1
+
+    (d made in place of g_m, g_o's buffer becoming the own guard's step direction). The peer guard's evidence and
+    the own guard's (None without one)."""
+    guard, own_guard = sharing.guard, sharing.own_guard
+    if own_guard is None:
+        return guard.combine(params, solo, ranks, remembered, peer_only, gather), None
+    peer = []
+    for p, s, o in zip(params, solo, own):
+        d = local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
+        if peer_only and s is not None:
+            d.add_(local(s))
+        if o is not None:
+            d.sub_(o)
+        peer.append(d)
+        p.grad = None if o is None else gradient_of(p, o)
+    own_evidence = own_guard.combine(params, solo, ranks, gather=gather)
+    g_1 = [local(p.grad) for p in params]
+    for p, d in zip(params, peer):
+        p.grad = gradient_of(p, d)
+    return guard.combine(params, g_1, ranks, remembered, peer_only=True, gather=gather), own_evidence
 
 
 def _remembered_gradient(logprobs: LogProbs, params: list, guard, work: _Work, budget: int, step: int,
@@ -435,25 +479,33 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step, ranks)
     if remembered is not None:
         clock.lap("memory")
-    m, evidence = 0, []
+    m, evidence, own_evidences = 0, [], []
     for _ in range(loss_cfg.updates_per_step):
         loss_total, sums, per_sequence = 0.0, {}, {}
         for b in range(len(work.own_groups)):
             if not work.own_groups[b] and not work.extra_groups[b]:
                 continue
             solo = [None] * len(params) if guard is not None else None
-            changed = None
+            own = [None] * len(params) if sharing.own_guard is not None else None
+            changed = own_changed = None
             if solo is not None and ranks.sharded:
-                changed = _sharded_solo(logprobs, sharing, work, b, old, params, max_tokens=max_tokens,
-                                        reference=reference, step=batch.step, scale=work.weights[b], ranks=ranks)
+                sharded = dict(max_tokens=max_tokens, reference=reference, step=batch.step, scale=work.weights[b],
+                               ranks=ranks)
+                changed = _sharded_solo(logprobs, sharing, work, b, old, params, **sharded)
+                if own is not None:
+                    own_changed = _sharded_solo(logprobs, sharing, work, b, old, params, **sharded, own=True)
                 clock.lap("solo")
             loss, peer_only = _accumulate(logprobs, sharing, plan, work, b, old, m, max_tokens=max_tokens,
                                           reference=reference, step=batch.step, sums=sums,
                                           per_sequence=per_sequence, clock=clock, scale=work.weights[b], solo=solo,
-                                          changed=changed, params=params, ranks=ranks)
+                                          changed=changed, own=own, own_changed=own_changed, params=params,
+                                          ranks=ranks)
             loss_total += loss
             if guard is not None:
-                evidence.append(guard.combine(params, solo, ranks, remembered, peer_only))
+                peer_evidence, own_evidence = _combine(sharing, params, solo, own, ranks, remembered, peer_only)
+                evidence.append(peer_evidence)
+                if own_evidence is not None:
+                    own_evidences.append(own_evidence)
                 clock.lap("guard")
                 if work.solo_idle[b] and evidence[-1]["idle"]:   # g = 0 where solo takes no step: none either
                     optimizer.zero_grad(set_to_none=True)
@@ -479,6 +531,8 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
         sums.update(sharing.summarize({name: torch.cat(v) for name, v in per_sequence.items()}))
     if guard is not None:
         sums.update(guard.observe(evidence, ranks))
+    if sharing.own_guard is not None:
+        sums.update(sharing.own_guard.observe(own_evidences, ranks))
     # the guard let nothing through: no optimizer step was taken, and no gradient norm to report (as solo's skip)
     stepped = {"grad_norm": float(grad_norm)} if m else {"skipped": 1.0}
     return {"loss": loss_total, **stepped, "active": len(work.active) / work.n_samples,
@@ -498,11 +552,12 @@ def gradient(logprobs: LogProbs, params: list[torch.Tensor], sharing: SharingMod
         remembered = _remembered_gradient(logprobs, params, guard, work, loss_cfg.micro_batch_tokens, batch.step,
                                           Ranks())
         solo = [None] * len(params) if guard is not None else None
+        own = [None] * len(params) if sharing.own_guard is not None else None
         _, peer_only = _accumulate(logprobs, sharing, plan, work, 0, None, 0, max_tokens=max_tokens,
                                    reference=reference, step=batch.step, sums={}, per_sequence={}, clock=_Clock(),
-                                   solo=solo, params=params)
-        if guard is not None:           # not a step: the guard's step direction is left as it was
-            guard.combine(params, solo, remembered=remembered, peer_only=peer_only, gather=False)
+                                   solo=solo, own=own, params=params)
+        if guard is not None:           # not a step: the guards' step directions are left as they were
+            _combine(sharing, params, solo, own, Ranks(), remembered, peer_only, gather=False)
     out = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     for p in params:
         p.grad = None

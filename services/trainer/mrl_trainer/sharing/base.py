@@ -166,14 +166,20 @@ class SharingMode:
         guarded = self.kinds and sharing.guard.enabled
         self.guard = Guard(sharing.guard, self.guard_max_ratio, self.guard_initial_trust) \
             if guarded else None
+        # a loss of its own on own samples (HACPO's GSPO) is judged apart from the peers (mrl_trainer.guard);
+        # neither capped nor projected against a memory, which are about what peers send
+        self.own_guard = Guard(sharing.guard.model_copy(update={"max_ratio": 0.0, "memory": 0}),
+                               default_initial_trust=self.guard_initial_trust, name="guard_own") \
+            if guarded and not self.own_loss_is_solo else None
 
     def state(self) -> dict:
         """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
-        the guard's trust τ, its score m and memory. Plain values only."""
+        the guard's trust τ, its score m and memory (and the own guard's score). Plain values only."""
         if self.guard is None:
             return {}
+        own = {} if self.own_guard is None else {"guard_own_score": self.own_guard.score}
         return {"guard_trust": self.guard.trust, "guard_score": self.guard.score,
-                "guard_memory": [[list(prompt), ids] for prompt, ids in self.guard.memory.items()]}
+                "guard_memory": [[list(prompt), ids] for prompt, ids in self.guard.memory.items()], **own}
 
     def restore(self, state: dict) -> None:
         """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
@@ -185,6 +191,8 @@ class SharingMode:
             self.guard.trust = float(state["guard_trust"])
         for prompt, ids in state.get("guard_memory", []):
             self.guard.keep(prompt, ids)
+        if self.own_guard is not None and "guard_own_score" in state:
+            self.own_guard.score = float(state["guard_own_score"])
 
     def guided_share(self) -> float:
         """async: the most of a batch's prompts its peers choose (sdk guided_batch): sharing.guided_share, times
