@@ -171,12 +171,13 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     header = ["policy", "mode", "steps", "rollouts consumed", "final accuracy [95%]", f"Δ vs {baseline} [95%]",
-              "Δ [95% t, seeds only]", "late accuracy [95%]", "late Δ [95%]", "late Δ [95% t]",
+              "Δ [95% t, seeds only]", "late steps", "late accuracy [95%]", "late Δ [95%]", "late Δ [95% t]",
               "rollouts to baseline", "ratio to baseline"]
     rows = [[policy, mode, s["steps"], s["rollouts_total"],
              _accuracy(s["final_accuracy"], s["final_ci"]),
              _interval(s.get("delta_baseline"), s.get("delta_baseline_ci")),
              _interval(s.get("delta_baseline"), s.get("delta_baseline_seeds_ci")),
+             ", ".join(str(step) for step in s["late_steps"]),
              _accuracy(s["late_accuracy"], s["late_ci"]),
              _interval(s.get("delta_baseline_late"), s.get("delta_baseline_late_ci")),
              _interval(s.get("delta_baseline_late"), s.get("delta_baseline_late_seeds_ci")),
@@ -196,8 +197,9 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
             "baseline (same seed, same eval problem), with its 95% bootstrap interval, and the t-interval of the "
             "per-seed differences (wider with few seeds, whose spread resampling understates). late = the mean "
             "over the evals at steps ≥ half the last eval's, per seed and problem (the pre-registered endpoint for "
-            "runs whose single evals swing), and late Δ its paired difference. rollouts to baseline = "
-            "the rollouts at a mode's first eval point whose mean accuracy ≥ the baseline's final (— if never); "
+            "runs whose single evals swing; late steps: those evals), and late Δ its paired difference. "
+            "rollouts to baseline = the rollouts at a mode's first eval point whose mean accuracy ≥ the "
+            "baseline's final (— if never); "
             "ratio = that over the baseline's own. <a href=\"compare.json\">compare.json</a></p>"
             + "<h2>Comparison</h2>" + _table(header, rows) + "".join(figures))
     index = out_dir / "index.html"

@@ -280,11 +280,11 @@ def test_write_compare_report(tmp_path):
     assert len(pngs) == 2 and all(f'src="{name}"' in page for name in pngs)
     assert "q&lt;w&gt;en" in page and "q<w>en" not in page and "llama" in page
     assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600 [0.600, 0.600]</td>" \
-           "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>0.550 [0.550, 0.550]</td>" \
+           "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>4, 6</td><td>0.550 [0.550, 0.550]</td>" \
            "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>64</td><td>0.667</td></tr>" in page
     assert "<td>sgt</td><td>6</td><td>96</td><td>0.450 [0.450, 0.450]</td><td>-0.050 [-0.050, -0.050]</td>" \
-           "<td>-0.050</td><td>0.450 [0.450, 0.450]</td><td>+0.000 [+0.000, +0.000]</td><td>+0.000</td>" \
-           "<td>—</td><td>—</td></tr>" in page     # late: the evals of steps 4 and 6
+           "<td>-0.050</td><td>4, 6</td><td>0.450 [0.450, 0.450]</td><td>+0.000 [+0.000, +0.000]</td>" \
+           "<td>+0.000</td><td>—</td><td>—</td></tr>" in page     # late: the evals of steps 4 and 6
     assert "<td>llama</td><td>sgt</td><td>8</td><td>128</td><td>0.300 [0.300, 0.300]</td><td>—</td>" in page
 
 

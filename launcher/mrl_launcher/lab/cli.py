@@ -153,7 +153,7 @@ def _line(mode: str, e: dict) -> str:
     shown = {"prp_log_rho_var": "var log ρ", "prp_truncated": "ρ>c", "sgt_rescued": "rescues",
              "xgrpo_baseline_shift_abs": "|Δbaseline|", "hacpo_omega_mean": "ω", "hacpo_clipped": "clipped",
              "thl_one_to_one": "THL 1:1", "guard_agreement": "guard cos", "guard_projected": "projected", "guard_hindsight": "hindsight",
-             "guard_trust": "τ"}
+             "guard_trust": "τ", "guard_own_trust": "τ_own"}
     parts += [f"{label} {s[k]:.3g}" for k, label in shown.items() if s.get(k) is not None]
     return "  ".join(parts)
 

@@ -125,8 +125,8 @@ class HACPO(SharingMode):
     figures = {"ratios": ("hacpo_ratio_mean", "hacpo_clipped", "hacpo_omega_mean", "hacpo_lower_bound"),
                "exchange": ("peer_samples",)}
     guard_initial_trust = 0.0   # its peer samples are nearly all clipped between heterogeneous models (no gradient):
-                                # what is left is mostly the mixed baseline, a shift like XGRPO's, and GSPO's
-                                # difference from the trainer's loss on every step; trust is earned
+                                # what is left is mostly the mixed baseline, a shift like XGRPO's; and GSPO's
+                                # difference from the trainer's loss (the own guard's, τ_own); both trusts are earned
 
     def __init__(self, sharing, loss):
         super().__init__(sharing, loss)
