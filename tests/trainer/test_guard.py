@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mrl_trainer.config import LossConfig
+from mrl_trainer.distributed import Ranks
 from mrl_trainer import guard as guard_module
 from mrl_trainer.guard import CHUNK, Guard, GuardConfig
 from mrl_trainer.sharing import SHARING_MODES, PeerBatch, Plan, make_sharing, sharing_config
@@ -324,7 +325,7 @@ def test_hacpos_gspo_loss_and_its_peers_are_trusted_apart():
 
         g_s = ∇ GRPO at solo advantages (none's),  g_o = ∇ GSPO at solo advantages (HACPO with no peers),
         g_m = ∇ HACPO with its peers
-        g_1 = g_s + τ_own · (g_o − g_s)⊥g_s,       g = g_1 + τ_peer · (g_m − g_o)⊥g_1
+        g = g_s + τ_own · (g_o − g_s)⊥g_s + τ_peer · (g_m − g_o)⊥g_s
 
     each with a trust of its own, so a peer never rides on the trust GSPO's part earned."""
     batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
@@ -343,9 +344,21 @@ def test_hacpos_gspo_loss_and_its_peers_are_trusted_apart():
     for own, peer_trust in ((1.0, 0.0), (0.0, 1.0), (0.5, 0.25)):
         hacpo = make_sharing(sharing_config(mode="hacpo", guard={"trust_rate": 0.0}), LossConfig())
         hacpo.own_guard.trust, hacpo.guard.trust = own, peer_trust
-        g_1 = g_s + own * _projected(g_o - g_s, g_s)
-        expected = g_1 + peer_trust * _projected(g_m - g_o, g_1)
+        expected = g_s + own * _projected(g_o - g_s, g_s) + peer_trust * _projected(g_m - g_o, g_s)
         assert torch.allclose(gradient_of(hacpo, peers), expected, rtol=1e-4, atol=1e-6), (own, peer_trust)
+
+
+def test_hacpos_two_terms_each_projected_against_the_own_gradient_keep_the_no_harm_bound():
+    """⟨g, g_s⟩ ≥ ‖g_s‖² with both terms trusted: a peer term that conflicts with g_s is projected against g_s itself,
+    not against g_s plus the own loss's change (which it may agree with). g_s = (1, 0), g_o = (1, 1), g_m = g_o +
+    (−10, 10): projected against g_1 = (1, 1) the peer term would pass whole, g = (−9, 11), ⟨g, g_s⟩ = −9."""
+    hacpo = make_sharing(sharing_config(mode="hacpo", guard={"trust_rate": 0.0}), LossConfig())
+    hacpo.own_guard.trust = hacpo.guard.trust = 1.0
+    p = _param([-9.0, 11.0])                                        # g_m
+    evidence, own = update_module._combine(hacpo, [p], [torch.tensor([1.0, 0.0])], [torch.tensor([1.0, 1.0])],
+                                           Ranks(), None, peer_only=False)
+    assert torch.equal(p.grad, torch.tensor([1.0, 11.0])) and evidence["projected"] == 1 and own["projected"] == 0
+    assert not evidence["idle"] and not own["idle"]
 
 
 def test_hacpos_peer_trust_is_earned_by_peers_alone():
@@ -372,6 +385,9 @@ def test_a_checkpoint_keeps_hacpos_own_trust():
     resumed = make_sharing(sharing_config(mode="hacpo"), LossConfig())
     resumed.restore(sharing.state())
     assert (resumed.own_guard.score, resumed.guard.score) == (0.7, -0.2)
+    older = make_sharing(sharing_config(mode="hacpo", guard={"memory": 4}), LossConfig())   # one τ for both
+    older.restore({"guard_trust": 0.4, "guard_score": 0.6, "guard_memory": [[[1, 2], [3]]]})
+    assert (older.own_guard.trust, older.guard.trust) == (0.0, 0.0) and list(older.guard.memory) == [(1, 2)]
     assert make_sharing(sharing_config(mode="prp"), LossConfig()).own_guard is None
 
 

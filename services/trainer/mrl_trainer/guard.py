@@ -233,7 +233,7 @@ class Guard:
 
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks(),
                 remembered: list[torch.Tensor | None] | None = None, peer_only: bool = False,
-                gather: bool = True) -> dict[str, float]:
+                gather: bool = True, base: list[torch.Tensor] | None = None) -> dict[str, float]:
         """p.grad ← g_s + w·d⊥ (w = τ, with max_ratio min(τ, κ‖g_s‖/‖d⊥‖)), where p.grad holds g_m (with
         `peer_only`, d itself: the update moved the own gradient out as g_s before the peer term's backward) and
         `solo` g_s (None: 0), and `remembered` g_r, the gradient of the remembered successes' NLL (None: no
@@ -243,7 +243,9 @@ class Guard:
         likelihood of the remembered successes), with max_ratio capped (1: w < τ), and idle (True: g_s = 0 and
         nothing of d passed, so the combination is exactly 0). `gather`: r is added to the
         step's peer direction, the next step's hindsight evidence (False: a combination that is not a step's, e.g.
-        mrl_trainer.update.gradient's).
+        mrl_trainer.update.gradient's). With `base` (this rank's tensors, one per parameter) the trusted d⊥ is added
+        to it instead, p.grad ← base + w·d⊥ in base's buffer, and r = d⊥ − k·g_s made from g_s, which is left as it
+        was (the own guard's chain, mrl_trainer.update._combine: both terms projected against, and judged by, g_s).
 
         No gradient-sized buffer is allocated (but under FSDP, below): d and then d⊥ are made in place of g_m
         (peer_only: they are in p.grad already), g_s + w·d⊥ in g_s's buffer, which becomes p.grad, and then
@@ -281,12 +283,18 @@ class Guard:
         direction = []
         k = _along(dots, sss, coefficients, parts[3] if g_r is not None else None, remembered_coefficients) / ss \
             if ss > 0 else 0.0
-        for p, gp, dp, c, c_r, gr in zip(params, g_s, d, coefficients, remembered_coefficients,
-                                         g_r if g_r is not None else g_s):     # with no g_r, every c_r is 0
+        for i, (p, gp, dp, c, c_r, gr) in enumerate(zip(params, g_s, d, coefficients, remembered_coefficients,
+                                                        g_r if g_r is not None else g_s)):   # no g_r: every c_r is 0
             if c:
                 dp.sub_(gp, alpha=c)
             if c_r:
                 dp.sub_(gr, alpha=c_r)
+            if base is not None:                  # base + w·d⊥ in base's buffer; r = d⊥ − k·g_s, g_s kept
+                p.grad = gradient_of(p, base[i].add_(dp, alpha=weight))
+                if k:
+                    dp.sub_(gp, alpha=k)
+                direction.append(dp)
+                continue
             sharded = local(p) is not p           # FSDP: p.grad keeps its own storage, dp
             combined = torch.add(gp, dp, alpha=weight) if sharded else gp.add_(dp, alpha=weight)
             if k:                                 # r = d⊥ − k·g_s = (1 + k·w)·d⊥ − k·(g_s + w·d⊥)

@@ -396,30 +396,34 @@ def _sharded_solo(logprobs: LogProbs, sharing: SharingMode, work: _Work, b: int,
 def _combine(sharing: SharingMode, params: list, solo: list, own: list | None, ranks: Ranks,
              remembered: list | None, peer_only: bool, gather: bool = True) -> tuple[dict, dict | None]:
     """p.grad ← the guarded update (mrl_trainer.guard): Guard.combine of g_m (in p.grad; peer_only: g_m − g_s) and
-    g_s = `solo`; with an own guard (`own` = g_o), chained,
+    g_s = `solo`; with an own guard (`own` = g_o), the mode's own loss's change and the peers' term each projected
+    against g_s and trusted apart,
 
         p.grad ← g_o, d = g_m − g_o aside;  own_guard.combine → g_1 = g_s + τ_own·(g_o − g_s)⊥g_s
-        p.grad ← d;                          guard.combine(peer_only) → g_1 + τ·d⊥g_1
+        p.grad ← d;                          guard.combine     → g   = g_1 + τ·(g_m − g_o)⊥g_s
 
-    (d made in place of g_m, g_o's buffer becoming the own guard's step direction). The peer guard's evidence and
+    so ⟨g, g_s⟩ ≥ ‖g_s‖² still. g_1 is made in a copy of g_s (Guard.combine's `base`), d in place of g_m, and the
+    own guard's step direction in g_o's buffer. The peer guard's evidence (idle only if the own guard's is too) and
     the own guard's (None without one)."""
     guard, own_guard = sharing.guard, sharing.own_guard
     if own_guard is None:
         return guard.combine(params, solo, ranks, remembered, peer_only, gather), None
+    g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
     peer = []
-    for p, s, o in zip(params, solo, own):
-        d = local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
-        if peer_only and s is not None:
-            d.add_(local(s))
+    for p, s, o in zip(params, g_s, own):
+        d = local(p.grad) if p.grad is not None else torch.zeros_like(s)
+        if peer_only:
+            d.add_(s)
         if o is not None:
             d.sub_(o)
         peer.append(d)
         p.grad = None if o is None else gradient_of(p, o)
-    own_evidence = own_guard.combine(params, solo, ranks, gather=gather)
-    g_1 = [local(p.grad) for p in params]
+    base = [s.clone() for s in g_s]
+    own_evidence = own_guard.combine(params, g_s, ranks, gather=gather, base=base)
     for p, d in zip(params, peer):
         p.grad = gradient_of(p, d)
-    return guard.combine(params, g_1, ranks, remembered, peer_only=True, gather=gather), own_evidence
+    evidence = guard.combine(params, g_s, ranks, remembered, peer_only=True, gather=gather, base=base)
+    return {**evidence, "idle": evidence["idle"] and own_evidence["idle"]}, own_evidence
 
 
 def _remembered_gradient(logprobs: LogProbs, params: list, guard, work: _Work, budget: int, step: int,

@@ -182,9 +182,12 @@ class SharingMode:
                 "guard_memory": [[list(prompt), ids] for prompt, ids in self.guard.memory.items()], **own}
 
     def restore(self, state: dict) -> None:
-        """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints)."""
+        """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints; one from before a
+        mode's own guard, whose one τ judged its own loss and its peers together, leaves both trusts at τ_0)."""
         if self.guard is None:
             return
+        if self.own_guard is not None and "guard_own_score" not in state:
+            state = {"guard_memory": state.get("guard_memory", [])}   # one τ judged both: both start at τ_0
         if "guard_score" in state:
             self.guard.score = float(state["guard_score"])
         elif "guard_trust" in state:            # a checkpoint from before the score: the m that gives its τ
