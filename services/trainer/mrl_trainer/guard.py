@@ -92,15 +92,16 @@ equality.
 A mode whose own-sample loss is not the trainer's (HACPO: GSPO) changes the update without any peer: that part
 is judged apart, by a second guard of the same kind (SharingMode.own_guard, stats guard_own_*), so a peer term
 never rides on trust the own loss earned, nor the own loss on the peers'. With g_o = ∇ of the mode's own loss at
-solo advantages and solo normalisers (what the mode would do with no peer), the two are chained:
+solo advantages and solo normalisers (what the mode would do with no peer), each part is projected against g_s
+and trusted apart:
 
-    g_1 = g_s + τ_own · (g_o − g_s)⊥g_s                      the own guard: d_own = g_o − g_s against g_s
-    g   = g_1 + τ · (g_m − g_o)⊥g_1                          the peer guard: d = g_m − g_o against g_1
+    g = g_s + τ_own · (g_o − g_s)⊥g_s + τ · (g_m − g_o)⊥g_s          so ⟨g, g_s⟩ ≥ ‖g_s‖² still
 
-each trust learned in hindsight as above (the own guard's against the next g_s, the peer guard's against the
-next g_1), and guidance follows the peer guard's τ only. At τ_own = τ = 0, g = g_s exactly. It costs one more
-backward per own micro-batch (g_o, from the same forward) and one more gradient-sized buffer (the own guard's last
-direction; g_o's buffer becomes its step direction).
+each trust learned in hindsight against the next g_s as above, and guidance follows the peer guard's τ only. At
+τ_own = τ = 0, g = g_s exactly. It costs one more backward per own micro-batch (g_o, from the same forward; under
+torchrun a forward and backward of its own) and three more gradient-sized buffers, two of them only during the
+combination (g_o's, which becomes the own guard's step direction, and the copy of g_s the sum is made in) and one
+held between steps (the own guard's last direction).
 
 The guard sees the whole peer term of a step, so its trust is per mode (one τ per receiver): with several
 peers it turns them down together. m and the memory are checkpointed with the trainer (SharingMode.state); the

@@ -29,7 +29,9 @@ one optimizer step per mini-batch (μ·k steps; m = 0 … μ·k − 1 counts the
                 only those that sharing.live finds with a gradient are forwarded here, with autograd, in
                 micro-batches of their own. Before the own backward, since FSDP2 keeps its root module
                 unsharded after a forward until a backward: after the optimizer step it would be stale)
-        guard:  grad ← guard.combine(g_m = grad (or d), g_s, g_r)   (mrl_trainer.guard); a mini-batch with no
+        guard:  grad ← guard.combine(g_m = grad (or d), g_s, g_r)   (mrl_trainer.guard; a mode whose own loss is
+                not solo's also takes g_o, ∇ of its own loss at solo advantages, one more backward, and its own
+                guard judges g_o − g_s apart from the peers' g_m − g_o: _combine); a mini-batch with no
                 sample the solo loss forwards (solo skips it) whose peer term did not pass (τ = 0, or the size
                 cap) takes no optimizer step: AdamW would move the weights by its momentum and weight decay
                 where solo's leaves them, so at τ = 0 a guarded mode steps exactly as solo
