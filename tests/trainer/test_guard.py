@@ -327,7 +327,8 @@ def test_hacpos_gspo_loss_and_its_peers_are_trusted_apart():
         g_m = ∇ HACPO with its peers
         g = g_s + τ_own · (g_o − g_s)⊥g_s + τ_peer · (g_m − g_o)⊥g_s
 
-    each with a trust of its own, so a peer never rides on the trust GSPO's part earned."""
+    each with a trust of its own, so a peer never rides on the trust GSPO's part earned; and an update keeps each
+    part's direction beyond g_s, the next step's hindsight evidence, with its own guard."""
     batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
     peers = PeerBatch(rollouts={0: [peer(0, 2, 1.0), peer(0, 3, 0.0)], 1: [peer(1, 1, 1.0)]}, capability={"j": 0.5})
 
@@ -346,6 +347,19 @@ def test_hacpos_gspo_loss_and_its_peers_are_trusted_apart():
         hacpo.own_guard.trust, hacpo.guard.trust = own, peer_trust
         expected = g_s + own * _projected(g_o - g_s, g_s) + peer_trust * _projected(g_m - g_o, g_s)
         assert torch.allclose(gradient_of(hacpo, peers), expected, rtol=1e-4, atol=1e-6), (own, peer_trust)
+
+    def beyond(d):                                     # r = d⊥ − (⟨d⊥, g_s⟩ / ‖g_s‖²)·g_s, the step's direction
+        d = _projected(d, g_s)
+        return d - float(d @ g_s) / float(g_s @ g_s) * g_s
+
+    hacpo = make_sharing(sharing_config(mode="hacpo", guard={"trust_rate": 0.0}), LossConfig())
+    hacpo.own_guard.trust, hacpo.guard.trust = 0.5, 0.25
+    table = _Table()
+    plan = hacpo.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
+    update(table, list(table.parameters()), torch.optim.AdamW(table.parameters(), lr=0.1), hacpo, LossConfig(),
+           batch, plan, max_tokens=8)
+    assert torch.allclose(hacpo.own_guard.previous[0], beyond(g_o - g_s), rtol=1e-4, atol=1e-6)
+    assert torch.allclose(hacpo.guard.previous[0], beyond(g_m - g_o), rtol=1e-4, atol=1e-6)
 
 
 def test_hacpos_two_terms_each_projected_against_the_own_gradient_keep_the_no_harm_bound():
