@@ -280,10 +280,16 @@ class _Contrarian(XGRPO):
         return Plan(-solo_advantages(batch, self.loss), totals=self.own_totals(batch))
 
 
-def _gradients(sharing, batch):
+def _gradients(sharing, batch, peers=PeerBatch()):
     table = _Table()
-    plan = sharing.plan(batch, PeerBatch(), capability=0.5, verify=answer_verifier(batch))
+    plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
     return gradient(table, list(table.parameters()), sharing, LossConfig(), batch, plan, max_tokens=8)
+
+
+# HACPO's guard tests: three own groups with a spread, peer rollouts for two of their prompts
+_HACPO_BATCH = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
+_HACPO_PEERS = PeerBatch(rollouts={0: [peer(0, 2, 1.0), peer(0, 3, 0.0)], 1: [peer(1, 1, 1.0)]},
+                         capability={"j": 0.5})
 
 
 def test_a_peer_term_that_only_undoes_own_learning_is_turned_down_to_solo():
@@ -300,13 +306,8 @@ def test_hacpo_at_no_trust_steps_as_solo_does_not_on_its_own_gspo_loss():
     """The guard's fallback is solo's update, the trainer's loss as `none` takes it (GRPO by default), whatever
     loss the mode puts on its own samples: HACPO's GSPO own loss is part of its peer term d. At τ = 0 the guarded
     HACPO gradient is none's; unguarded, it is not (the peer rollouts, the mixed baseline and GSPO)."""
-    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
-    peers = PeerBatch(rollouts={0: [peer(0, 2, 1.0), peer(0, 3, 0.0)], 1: [peer(1, 1, 1.0)]}, capability={"j": 0.5})
-
     def gradient_of(sharing):
-        table = _Table()
-        plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
-        return gradient(table, list(table.parameters()), sharing, LossConfig(), batch, plan, max_tokens=8)
+        return _gradients(sharing, _HACPO_BATCH, _HACPO_PEERS)
 
     solo = gradient_of(make_sharing(sharing_config(mode="none"), LossConfig()))
     at_no_trust = gradient_of(make_sharing(sharing_config(mode="hacpo", guard={"trust_rate": 0.0}), LossConfig()))
@@ -329,13 +330,10 @@ def test_hacpos_gspo_loss_and_its_peers_are_trusted_apart():
 
     each with a trust of its own, so a peer never rides on the trust GSPO's part earned; and an update keeps each
     part's direction beyond g_s, the next step's hindsight evidence, with its own guard."""
-    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
-    peers = PeerBatch(rollouts={0: [peer(0, 2, 1.0), peer(0, 3, 0.0)], 1: [peer(1, 1, 1.0)]}, capability={"j": 0.5})
+    batch, peers = _HACPO_BATCH, _HACPO_PEERS
 
     def gradient_of(sharing, peers):
-        table = _Table()
-        plan = sharing.plan(batch, peers, capability=0.5, verify=answer_verifier(batch))
-        return gradient(table, list(table.parameters()), sharing, LossConfig(), batch, plan, max_tokens=8).float()
+        return _gradients(sharing, batch, peers).float()
 
     g_s = gradient_of(make_sharing(sharing_config(mode="none"), LossConfig()), peers)
     unguarded = sharing_config(mode="hacpo", guard={"enabled": False})
@@ -378,7 +376,7 @@ def test_hacpos_two_terms_each_projected_against_the_own_gradient_keep_the_no_ha
 def test_hacpos_peer_trust_is_earned_by_peers_alone():
     """With no peer experience HACPO's peer term is 0: its trust and the share of prompts its peers may choose stay
     at 0 however its GSPO part fares, which its own trust judges (hindsight on every step after the first)."""
-    batch = make_batch([[1, 0, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]], [[1, 2, 3, 2], [3, 1, 2, 2], [2, 2, 1, 3]])
+    batch = _HACPO_BATCH
     sharing = make_sharing(sharing_config(mode="hacpo"), LossConfig())
     table = _Table()
     optimizer = torch.optim.AdamW(table.parameters(), lr=0.1)
