@@ -18,12 +18,12 @@ TOKENIZERS_STAMP := $(MRL_TOKENIZER_CACHE)/.fetched-stamp
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard services/*/pyproject.toml) launcher/pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard services/*/pyproject.toml) launcher/pyproject.toml research/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet -e sdk -e services/serving -e services/exchange -e services/tokenizer_align -e services/scheduler -e services/trainer -e launcher
+	$(BIN)/python -m pip install --quiet -e sdk -e services/serving -e services/exchange -e services/tokenizer_align -e services/scheduler -e services/trainer -e launcher -e research
 	touch $@
 
 tokenizers: $(TOKENIZERS_STAMP)

@@ -1,22 +1,7 @@
 """The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
 from mrl_launcher.arguments import at_step, ints
-from mrl_serving.commands import bench_command
 
-__all__ = ["up", "demo", "compare", "plot", "report", "bench_trl", "bench_mutual"]
-
-bench_trl = bench_command("mrl_launcher.bench_trl", "TRL's GRPOTrainer joining a run (mrl.integrations.trl) vs plain "
-                                                    "TRL, a peer publishing: step-time overhead; ends with one JSON line")
-bench_mutual = bench_command(
-    "mrl_launcher.bench_mutual", "two co-trained policies of different speed (the demo's), alone vs lockstep vs "
-                                 "async for the same wall time: steps per minute; ends with one JSON line",
-    seconds=dict(type=float, help="training seconds per arm, from the latest first-step start (default 300; "
-                                  "--quick 10)"),
-    arms=dict(default="alone,lockstep,async", help="comma-separated arms among alone, lockstep, async; alone is the "
-                                                    "ratios' reference (default: all three)"),
-    topology=dict(default="examples/mutual.yaml", help="the topology of the co-trained policies (default: the demo's)"),
-    frozen=dict(action="store_true", help="every trainer at lr 0: each step does all its work and the policies do not "
-                                          "change, so the arms differ only in what coupling and sharing cost, not in "
-                                          "what the policies learn (such as longer answers)"))
+__all__ = ["up", "demo", "compare", "plot", "report"]
 
 
 class _RegisteredModes:
@@ -37,6 +22,17 @@ def up(parser):
     return run
 
 
+def _exchange_demo():
+    """The exchange demo's main, which the research package declares (entry point `mrl.demos` "exchange"): found
+    by name, so that nothing here imports research code."""
+    from importlib.metadata import entry_points
+    from mrl_launcher.errors import LauncherError
+    found = entry_points(group="mrl.demos", name="exchange")
+    if not found:
+        raise LauncherError("mrl demo --exchange needs the research package: pip install -e research")
+    return next(iter(found)).load()
+
+
 def demo(parser):
     """mutual RL of two heterogeneous policies on CPU (examples/mutual.yaml), with a report"""
     parser.add_argument("topology", nargs="?", default="examples/mutual.yaml")
@@ -46,8 +42,7 @@ def demo(parser):
 
     def run(args) -> None:
         if args.exchange:
-            from mrl_exchange.demo import main
-            main(steps=args.steps, group_size=args.group_size)
+            _exchange_demo()(steps=args.steps, group_size=args.group_size)
         else:
             from mrl_launcher.topology import up as run_up
             run_up(args.topology)

@@ -1,11 +1,12 @@
 """The `mrl` command: the commands of every installed mrl package, found through entry points.
 
     pip install ./sdk                      mrl token new
-    pip install -e services/exchange       mrl exchange serve, mrl bench exchange
-    pip install -e services/tokenizer_align   mrl align serve, mrl bench align
-    pip install -e services/scheduler      mrl scheduler serve, mrl bench scheduler
-    pip install -e services/trainer        mrl trainer run, mrl bench trainer
+    pip install -e services/exchange       mrl exchange serve
+    pip install -e services/tokenizer_align   mrl align serve
+    pip install -e services/scheduler      mrl scheduler serve
+    pip install -e services/trainer        mrl trainer run, mrl trainer warm-start
     pip install -e launcher                mrl up, mrl demo, mrl experiment compare, mrl trainer plot|report
+    pip install -e research                mrl bench NAME, mrl lab bandit|signal (and mrl demo --exchange)
 
 A package declares each command in the entry-point group `mrl.commands`: the name is the
 command's words joined by dots, the value a function that adds the command's arguments to its
@@ -76,8 +77,8 @@ def build_parser(commands: dict[str, Register] | None = None) -> argparse.Argume
         commands = {ep.name: ep.load() for ep in entry_points(group=GROUP)}
     parser = argparse.ArgumentParser(
         prog="mrl", description="Mutual reinforcement learning platform",
-        epilog="Commands come from the installed mrl packages (the SDK, services/*, launcher/); a missing "
-               "command needs its package: pip install -e services/<name> or -e launcher.")
+        epilog="Commands come from the installed mrl packages (the SDK, services/*, launcher/, research/); a "
+               "missing command needs its package: pip install -e services/<name>, -e launcher or -e research.")
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): parser.add_subparsers(dest="command",
                                                                                             required=True)}
     children: dict[tuple[str, ...], list[str]] = {}

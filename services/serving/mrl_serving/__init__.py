@@ -9,5 +9,4 @@
     child_process   children that die with their parent
     processes       a service as a child process (spawn) and the Redis it uses (redis_for)
     registry        the installed services (entry points `mrl.services`) and their settings
-    benchmarking    the machine description benchmarks print
 """

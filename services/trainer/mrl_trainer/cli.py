@@ -1,7 +1,6 @@
-"""The trainer's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
-from mrl_serving.commands import bench_command
+"""The trainer's `mrl` commands (entry points `mrl.commands`; see mrl.cli); its benches are in mrl_research."""
 
-__all__ = ["run", "warm_start", "bench", "bench_guard", "bench_hacpo", "add_overrides"]
+__all__ = ["run", "warm_start", "add_overrides"]
 
 
 def add_overrides(parser, what: str = "a config field") -> None:
@@ -33,12 +32,3 @@ def warm_start(parser):
         prepare(args.config, parse_overrides(args.overrides))
     return go
 
-
-bench = bench_command("mrl_trainer.bench", "one GRPO step of this trainer vs TRL's GRPOTrainer (time, memory, "
-                                           "loss); ends with one JSON line")
-bench_guard = bench_command("mrl_trainer.guard_bench", "the no-harm guard's combination per optimizer step on the "
-                                                      "demo pair's parameters vs the optimizer's step (time, "
-                                                      "memory); ends with one JSON line")
-bench_hacpo = bench_command("mrl_trainer.hacpo_bench", "a HACPO update on SmolLM2's shapes with its clipped peer "
-                                                      "samples screened out of autograd vs the plain update "
-                                                      "(time, memory); ends with one JSON line")

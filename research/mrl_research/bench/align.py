@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from mrl.errors import FailedPrecondition
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 from mrl_tokenizer_align import catalog
 from mrl_tokenizer_align.align import Trace, align
 from mrl_tokenizer_align.vocab import GPT2_PATTERN, load_vocab

@@ -9,7 +9,7 @@ QUICK = dict(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=3, pr
 
 def bandit(parser):
     """contextual-bandit testbed: every sharing mode on tiny tabular policies over real tokenizers, seeds in parallel"""
-    from mrl_launcher.lab.point import Point, default_workers
+    from mrl_research.lab.point import Point, default_workers
     d = Point()
     parser.add_argument("--sweep", action="store_true", help="the full sweep: the default point, then one axis at "
                                                              "a time (gap, overlap, staleness, tokenizers, G, interference)")
@@ -59,10 +59,10 @@ def bandit(parser):
         import sys
         from dataclasses import asdict, replace
 
-        from mrl_launcher.lab.figures import point_title, write_page
-        from mrl_launcher.lab.point import Settings, sweep_points
-        from mrl_launcher.lab.run import run_points, tuned_learning_rates
-        from mrl_launcher.lab.stats import summarize_point
+        from mrl_research.lab.figures import point_title, write_page
+        from mrl_research.lab.point import Settings, sweep_points
+        from mrl_research.lab.run import run_points, tuned_learning_rates
+        from mrl_research.lab.stats import summarize_point
         from mrl_trainer.sharing import SHARING_MODES
         from mrl.errors import InvalidArgument
         for name, least in (("seeds", 1), ("workers", 1), ("first_seed", 0), ("tune_first_seed", 0)):
@@ -173,7 +173,7 @@ def signal(parser):
     def run(args) -> None:
         import json
 
-        from mrl_launcher.lab.grpo_signal import measure
+        from mrl_research.lab.grpo_signal import measure
         from mrl_trainer.app import parse_overrides
 
         def show(row: dict) -> None:

@@ -1,6 +1,6 @@
 """What SGT's rescues do to a receiver by themselves: rescue-only updates of SmolLM2 on 2-digit addition.
 
-    .venv/bin/python scripts/sgt_rescue_probe.py [--steps K] [--rescues R] [--seed S] [--set KEY=VALUE ...]
+    .venv/bin/python research/scripts/sgt_rescue_probe.py [--steps K] [--rescues R] [--seed S] [--set KEY=VALUE ...]
 
 The case SGT meets on a step where every own group failed and a peer solved some of its prompts: the own GRPO
 term is zero, so the update is λ·NLL of the rescued responses alone (the guard passes a peer term when the own
@@ -38,7 +38,7 @@ import tempfile
 import numpy as np
 import yaml
 
-from mrl_launcher.lab.exchange import InProcessAlign
+from mrl_research.lab.exchange import InProcessAlign
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
 from mrl_trainer.config import load_config
@@ -51,7 +51,7 @@ from mrl_trainer.sharing import make_sharing, sharing_config
 from mrl_trainer.sharing.base import PeerBatch, PeerSample
 from mrl_trainer.trainer import build_trainer
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TASK = {"task.family": "arithmetic", "task.level": 2, "eval.problems": 96, "device": "cpu"}
 
 

@@ -1,7 +1,7 @@
 """SGT beside a peer that solves every prompt, in its own terse form: does a receiver that learns by itself gain
 from correct rescues, or lose its form? Paired runs of SmolLM2 on 2-digit addition, solo against SGT.
 
-    .venv/bin/python scripts/sgt_oracle_peer.py --seeds 0,1,2 [--arms none,sgt] [--parallel 2] [--out DIR]
+    .venv/bin/python research/scripts/sgt_oracle_peer.py --seeds 0,1,2 [--arms none,sgt] [--parallel 2] [--out DIR]
                                                 [--set KEY=VALUE ...] [--arm-set ARM:KEY=VALUE ...]
 
 Every run is the trainer's own loop (examples/policy-a.yaml with examples/compare-addition.yaml's settings for
@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETTINGS = {"steps": 16, "eval.every": 8, "eval.problems": 96, "task.family": "arithmetic", "task.level": 2,
             "checkpoint.every": 1000, "checkpoint.resume": False, "scheduler": None, "device": "cpu",
             "sharing.coupling": "lockstep", "sharing.mode": "none"}
@@ -63,7 +63,7 @@ def run(seed: int, arm: str, out: str, overrides: dict) -> str:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    from mrl_launcher.lab.exchange import InProcessAlign
+    from mrl_research.lab.exchange import InProcessAlign
     from mrl_tokenizer_align.catalog import cached_paths
     from mrl_tokenizer_align.vocab import load_vocab
     from mrl_trainer.config import load_config

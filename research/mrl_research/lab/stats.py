@@ -16,7 +16,7 @@
 """
 from mrl_launcher.analysis import rollouts_to
 from mrl_launcher.intervals import mean_ci
-from mrl_launcher.lab.run import POLICIES, team_final
+from mrl_research.lab.run import POLICIES, team_final
 from mrl_trainer.update import TIMINGS
 
 __all__ = ["summarize_point", "SHARING_KEYS"]

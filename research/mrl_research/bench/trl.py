@@ -39,7 +39,7 @@ import uuid
 from mrl.assets import tokenizer_cache_dir
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 
 __all__ = ["main", "TARGET", "TASK", "tiny_policy", "task_dataset", "task_reward", "grpo_config", "peer_experiences"]
 

@@ -46,7 +46,7 @@ import redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from mrl.errors import InvalidArgument
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb

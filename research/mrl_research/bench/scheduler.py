@@ -31,13 +31,13 @@ import uuid
 import redis
 
 from mrl import errors
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 from mrl.scheduler_client import SchedulerClient
 from mrl_serving.processes import redis_for, spawn
 from mrl_scheduler.fairshare import jain
 from mrl_scheduler.leases import Scheduler, namespace_prefix
 from mrl_scheduler.settings import SchedulerSettings
-from mrl_scheduler.simulation import Clock, CoreBackend, FifoBackend, policies_for, simulate
+from mrl_research.simulation import Clock, CoreBackend, FifoBackend, policies_for, simulate
 
 __all__ = ["main"]
 

@@ -46,9 +46,9 @@ from pydantic import ValidationError
 
 from mrl.errors import FailedPrecondition
 from mrl.peers import guided_batch
-from mrl_launcher.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
-from mrl_launcher.lab.exchange import AsyncInbox, InProcessAlign, publish, receive
-from mrl_launcher.lab.point import Point, Settings
+from mrl_research.lab.bandit import Bandit, Profile, TabularPolicy, extract, reward
+from mrl_research.lab.exchange import AsyncInbox, InProcessAlign, publish, receive
+from mrl_research.lab.point import Point, Settings
 from mrl_launcher.variants import UNGUARDED, variant_settings
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
@@ -442,7 +442,7 @@ def run_points(points: list[Point], settings: Settings | list[Settings], modes: 
             take(*_work(task))
         return results
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["mrl_launcher.lab.run"])
+    ctx.set_forkserver_preload(["mrl_research.lab.run"])
     with ctx.Pool(workers, initializer=_worker_init) as pool:
         for index, run in pool.imap_unordered(_work, tasks, chunksize=1):
             take(index, run)

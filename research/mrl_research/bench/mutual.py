@@ -65,7 +65,7 @@ import time
 
 from mrl_launcher.errors import LauncherError, RunFailed
 from mrl_launcher.topology import read_settings, run_topology, stop_on_signals, validate_trainers
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 from mrl_trainer.update import TIMINGS
 
 __all__ = ["main", "ARMS"]

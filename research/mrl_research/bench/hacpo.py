@@ -28,7 +28,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 
 __all__ = ["main"]
 

@@ -1,4 +1,4 @@
-"""`make demo` / `mrl demo`: the exchange end to end, until the trainer lands.
+"""`mrl demo --exchange`: the exchange end to end, without trainers.
 
 Two producer policies of different families publish, step by step, what a GRPO trainer
 would: for each prompt a group of G rollouts (synthetic answers to real arithmetic

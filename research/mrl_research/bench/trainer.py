@@ -44,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from mrl.assets import tokenizer_cache_dir
 from mrl.errors import FailedPrecondition
-from mrl_serving import benchmarking
+from mrl_research import benchmarking
 
 __all__ = ["main", "TARGET"]
 

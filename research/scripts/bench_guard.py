@@ -1,6 +1,6 @@
 """The no-harm guard's cost per optimizer step on gradients shaped like SmolLM2-135M's, against float64 inner products.
 
-    .venv/bin/python scripts/bench_guard.py [--steps N] [--threads T]
+    .venv/bin/python research/scripts/bench_guard.py [--steps N] [--threads T]
 
 Times Guard.combine + Guard.observe (mrl_trainer.guard) on random float32 gradients with SmolLM2-135M's
 parameter shapes (134.5M values), N steps after one warm-up, in CPU and wall seconds. The anchor, in the same
