@@ -22,7 +22,7 @@ import tempfile
 
 from mrl import AlignClient, ExchangeClient
 from mrl.integrations.trl import Mutual, MutualGRPOTrainer
-from mrl_launcher.bench_trl import grpo_config, task_dataset, task_reward, tiny_policy
+from mrl_research.bench.trl import grpo_config, task_dataset, task_reward, tiny_policy
 from mrl_trainer.tasks import make_task
 
 

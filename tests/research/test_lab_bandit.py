@@ -10,8 +10,8 @@ import pytest
 
 from mrl.cli import main
 from mrl.errors import InvalidArgument
-from mrl_launcher.lab.point import Point, sweep_points
-from mrl_launcher.lab.stats import SHARING_KEYS
+from mrl_research.lab.point import Point, sweep_points
+from mrl_research.lab.stats import SHARING_KEYS
 from mrl_tokenizer_align import catalog
 from mrl_trainer.sharing import SHARING_MODES
 
@@ -94,7 +94,7 @@ def test_the_sweep_moves_one_axis_at_a_time_around_the_default_point():
 
 def test_mode_variants_are_specs_of_a_modes_own_fields():
     from mrl.errors import FailedPrecondition
-    from mrl_launcher.lab.run import mode_config
+    from mrl_research.lab.run import mode_config
     assert mode_config("xgrpo").xgrpo.uniform_groups == "zero"
     assert mode_config("xgrpo:uniform_groups=pooled").xgrpo.uniform_groups == "pooled"
     cfg = mode_config("sgt:normalize=prompts:lam=0.2", max_staleness=2)
@@ -127,8 +127,8 @@ def test_a_slow_policys_guided_contexts_keep_the_peer_groups_it_chose_them_for()
     step starts and takes them when it ends, after a published `speed` newer versions (max_staleness 1): XGRPO still
     pools a's group on every guided context (PeerIndex.hold). (Full guidance: XGRPO's trust starts at 0.)"""
     from dataclasses import replace
-    from mrl_launcher.lab.point import Settings
-    from mrl_launcher.lab.run import run_one
+    from mrl_research.lab.point import Settings
+    from mrl_research.lab.run import run_one
     settings = Settings(contexts=32, prompts_per_step=4, steps=8, eval_every=4, probes=1)
     b = run_one(replace(Point(), speed=4), settings, "xgrpo:coupling=async:guard.guidance=full",
                 seed=0)["policies"]["b"]["stats"]
@@ -142,7 +142,7 @@ def test_the_testbeds_async_inbox_offers_only_what_is_within_the_bound_as_the_tr
     peer's own version lag is not chosen for guidance (its group would be dropped at the hold)."""
     from mrl.experience import new_experience
     from mrl.v1 import experience_pb2 as pb
-    from mrl_launcher.lab.exchange import AsyncInbox
+    from mrl_research.lab.exchange import AsyncInbox
 
     def stats(version, prompt_id, rewards):
         return new_experience("run", "a", version, pb.GroupStats(prompt_id=prompt_id, group_id="g", rewards=rewards),
@@ -159,8 +159,8 @@ def test_a_mode_alone_takes_no_peer_experience_and_is_the_control_for_its_own_lo
     """`-alone`: the mode without peers. SGT's, XGRPO's and PRP's own loss is the trainer's (GRPO), so their
     -alone is solo exactly; HACPO's is GSPO's, so hacpo-unguarded-alone is not, and it pools no peer rollout.
     (Guarded, HACPO alone steps as solo until its guard trusts GSPO's difference from GRPO.)"""
-    from mrl_launcher.lab.point import Settings
-    from mrl_launcher.lab.run import mode_config, run_one
+    from mrl_research.lab.point import Settings
+    from mrl_research.lab.run import mode_config, run_one
     assert mode_config("hacpo-alone") == mode_config("hacpo")
     assert not mode_config("hacpo-unguarded-alone").guard.enabled
     assert mode_config("hacpo-alone-unguarded") == mode_config("hacpo-unguarded-alone")
@@ -186,8 +186,8 @@ def test_an_async_mode_its_guard_trusts_not_at_all_trains_exactly_as_solo(mode):
     peers choose none of the batch (guidance ⌊guided_share·τ·P⌋), so every own step is solo's, prompt for prompt.
     With `guard.guidance=full` they still choose up to ⌊guided_share·P⌋, and the run is not solo's."""
     from dataclasses import replace
-    from mrl_launcher.lab.point import Settings
-    from mrl_launcher.lab.run import run_one
+    from mrl_research.lab.point import Settings
+    from mrl_research.lab.run import run_one
     settings = Settings(contexts=16, prompts_per_step=4, steps=6, eval_every=2, probes=1)
     point = replace(Point(), speed=2)
     solo = run_one(point, settings, "none:coupling=async", seed=3)
@@ -204,8 +204,8 @@ def test_an_async_mode_its_guard_trusts_not_at_all_trains_exactly_as_solo(mode):
 
 def test_an_async_run_measures_each_policy_over_its_own_steps_and_shares_by_guidance():
     from dataclasses import replace
-    from mrl_launcher.lab.point import Settings
-    from mrl_launcher.lab.run import mode_config, run_one
+    from mrl_research.lab.point import Settings
+    from mrl_research.lab.run import mode_config, run_one
     cfg = mode_config("sgt:coupling=async:guided_share=0.5:lam=0.2")
     assert (cfg.coupling, cfg.guided_share, cfg.sgt.lam) == ("async", 0.5, 0.2)
     settings = Settings(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=1, p_strong=0.99, p_weak=0.0)

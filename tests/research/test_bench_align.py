@@ -1,8 +1,9 @@
-"""Smoke test of `mrl bench align --quick` (mrl_tokenizer_align.bench.main): it runs end to end over the real
+"""Smoke test of `mrl bench align --quick` (mrl_research.bench.align.main): it runs end to end over the real
 cached tokenizers (`make tokenizers`) and ends with one JSON line of positive figures. No speed threshold."""
 import json
 
-from mrl_tokenizer_align import bench, catalog
+from mrl_research.bench import align as bench
+from mrl_tokenizer_align import catalog
 
 
 def test_bench_align_quick_ends_with_one_json_line(capsys):

@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from helpers import ROOT
-from mrl_launcher.bench_mutual import _figures, main
+from mrl_research.bench.mutual import _figures, main
 from mrl_launcher.errors import LauncherError
 from mrl_launcher.topology import validate_trainers
 
@@ -57,11 +57,11 @@ def test_a_setting_a_trainer_refuses_is_an_error_before_anything_starts(tmp_path
 
 
 def _quick(tmp_path, arms: str, *more: str) -> dict:
-    """`mrl bench mutual --quick --arms ARMS [MORE]` through the command registry (launcher/pyproject.toml's entry
+    """`mrl bench mutual --quick --arms ARMS [MORE]` through the command registry (research/pyproject.toml's entry
     point)."""
-    declared = tomllib.loads((ROOT / "launcher" / "pyproject.toml").read_text())["project"]["entry-points"]
-    assert declared["mrl.commands"]["bench.mutual"] == "mrl_launcher.cli:bench_mutual"
-    code = ("from mrl.cli import build_parser; from mrl_launcher.cli import bench_mutual; args = build_parser("
+    declared = tomllib.loads((ROOT / "research" / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared["mrl.commands"]["bench.mutual"] == "mrl_research.cli:bench_mutual"
+    code = ("from mrl.cli import build_parser; from mrl_research.cli import bench_mutual; args = build_parser("
             f"{{'bench.mutual': bench_mutual}}).parse_args(['bench', 'mutual', '--quick', '--arms', {arms!r}, "
             f"'--topology', {str(MUTUAL)!r}, *{list(more)!r}]); args.run(args)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=270)

@@ -11,7 +11,7 @@ import yaml
 
 from helpers import tiny_config
 from mrl.cli import main
-from mrl_launcher.lab.grpo_signal import expected_informative, informative_share, measure
+from mrl_research.lab.grpo_signal import expected_informative, informative_share, measure
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.app import run
 from mrl_trainer.errors import TrainerError
