@@ -1,8 +1,7 @@
 """The sharing modes (mrl_trainer.sharing, docs/algorithms.md) on hand-made batches whose answer is known: the plan
 (advantages, extras, totals, stats) and the loss terms (value and gradient w.r.t. per-token log-probs) of none,
-XGRPO, SGT, PRP and HACPO; micro-batching of the extra terms; HACPO's screening of its clipped peer samples (the
-same update, fewer sequences backed up); and, once, Trainer.update with a hand-made Plan on the tiny
-GPT-2-architecture policy of test_trainer_loop.py, and `mrl bench hacpo --quick`. Pure tensor tests apart from those."""
+XGRPO, SGT, PRP and HACPO; micro-batching of the extra terms; and, once, Trainer.update with a hand-made Plan on
+the tiny GPT-2-architecture policy of test_trainer_loop.py. Pure tensor tests apart from that."""
 import math
 import statistics
 
@@ -11,12 +10,12 @@ import torch
 
 from mrl_trainer.config import LossConfig
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import group_advantages, policy_loss
+from mrl.algorithms import group_advantages, policy_loss
 from mrl_trainer.rollout.base import Sample
 from mrl_trainer.sharing import SHARING_MODES, Extra, PeerBatch, PeerSample, Plan, Verifier, sharing_config
-from mrl_trainer.sharing.base import cross_log_ratio
-from mrl_trainer.sharing.hacpo import capability_ratio, mixed_advantages, peer_loss, stepwise_lower_bound
-from mrl_trainer.sharing.prp import truncated_ratio
+from mrl.algorithms import cross_log_ratio
+from mrl.algorithms.hacpo import capability_ratio, mixed_advantages, peer_loss, stepwise_lower_bound
+from mrl.algorithms.prp import truncated_ratio
 from mrl_trainer.tasks import Problem
 
 EPS = 1e-4          # the advantages' std epsilon (losses.advantages)
@@ -452,7 +451,7 @@ def test_hacpo_measures_a_peers_capability_and_ignores_its_claim():
         lying = plan_of(mode("hacpo"), batch, PeerBatch(rollouts=peers.rollouts, capability=claim), capability=1.0)
         assert [e.weight for e in lying.extras] == [e.weight for e in truthful.extras] == [0.5, 0.5]
         assert torch.equal(lying.advantages, truthful.advantages)
-    hacpo = mode("hacpo", hacpo={"window": 2})
+    hacpo = mode("hacpo", window=2)
     wrong = PeerBatch(rollouts={0: [peer(0, 3, 0.0, producer="j"), peer(0, 2, 0.0, producer="j")]})
     assert hacpo.measure_capabilities([peers.rollouts[0]]) == {"j": 0.5}           # rewards 1, 0
     assert hacpo.measure_capabilities([wrong.rollouts[0]]) == {"j": 0.25}          # (0.5 + 0) / 2
@@ -486,27 +485,16 @@ def test_hacpo_extra_loss_applies_omega_jk():
     assert math.isclose(loss.item(), expected, rel_tol=1e-6)
 
 
-def test_hacpo_own_loss_is_gspo():
-    """Sequence-level ratio with GSPO's clip [1 − 3e-4, 1 + 4e-4], whatever the trainer's level and eps."""
-    hacpo = mode("hacpo", LossConfig(level="token", eps_low=0.2, eps_high=0.28, aggregation="seq-mean-token-mean"))
-    old = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
-    shift = torch.tensor([[1e-3, 1e-3], [5e-4, -3e-4], [-1e-3, -1e-3]], dtype=torch.float64)   # row 1: token 0 alone
-    # would clip at the token level (e^5e-4 > 1 + 4e-4); its sequence ratio e^1e-4 does not
-    logp = (old + shift).requires_grad_(True)
-    mask = torch.ones_like(old)
-    advantages = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
-    loss, stats = hacpo.own_loss(logp, old, advantages, mask, ref_logp=None, max_tokens=8,
-                                 totals={"num_sequences": 3, "num_tokens": 6})
-    s = [math.exp(1e-3), math.exp(1e-4), math.exp(-1e-3)]
-    # row 0: s > 1 + 4e-4, A > 0 → the clipped value 1 + 4e-4, no gradient; rows 1, 2: s A
-    assert math.isclose(loss.item(), -(1 + 4e-4 + s[1] + s[2]) / 3, rel_tol=1e-12)
-    loss.backward()
-    expected = torch.tensor([[0.0, 0.0], [-s[1] / 2 / 3] * 2, [-s[2] / 2 / 3] * 2], dtype=torch.float64)
-    assert torch.allclose(logp.grad, expected, atol=1e-15)
-    assert stats["clip_high"] == pytest.approx(1 / 3)
-    reference, _ = policy_loss(logp.detach(), old, advantages, mask, level="sequence", eps_low=3e-4, eps_high=4e-4,
-                               aggregation="seq-mean-token-mean", num_sequences=3)
-    assert math.isclose(loss.item(), reference.item(), rel_tol=1e-12)
+def test_hacpo_own_samples_take_the_trainers_loss():
+    """HACPO's own samples take the trainer's loss (its level, clip and aggregation) with the pooled totals."""
+    loss_cfg = LossConfig(level="sequence", eps_low=3e-4, eps_high=4e-4)
+    hacpo, none = mode("hacpo", loss_cfg), mode("none", loss_cfg)
+    old = torch.full((3, 2), -1.0, dtype=torch.float64)
+    logp = (old + torch.tensor([[1e-3, 1e-3], [5e-4, -3e-4], [-1e-3, -1e-3]], dtype=torch.float64))
+    advantages, mask = torch.ones(3, dtype=torch.float64), torch.ones_like(old)
+    totals = {"num_sequences": 3, "num_tokens": 6}
+    ours = hacpo.own_loss(logp, old, advantages, mask, ref_logp=None, max_tokens=8, totals=totals)[0]
+    assert ours.item() == none.own_loss(logp, old, advantages, mask, ref_logp=None, max_tokens=8, totals=totals)[0].item()
 
 
 # --- micro-batching of the extra terms -----------------------------------------------------------------------
@@ -629,69 +617,3 @@ def test_a_cross_tokenizer_ratio_is_one_when_both_policies_give_the_text_the_sam
     # one tokenizer: C = |y|, and log s = mean log π_θ^k − mean log π^j (per token)
     logp, mask = rows([[-1.0, -2.0, -3.0]])
     assert cross_log_ratio(logp, mask, torch.tensor([-4.5]), torch.tensor([3.0])).item() == pytest.approx(-2.0 + 1.5)
-
-
-@pytest.mark.parametrize("mini_batches", [1, 2])
-def test_hacpo_forwards_its_clipped_peer_samples_without_gradient(tiny_trainer, mini_batches):
-    """A peer sample whose ratio s falls outside HACPO's clip [1 − δ + m·δ_step, 1] adds a constant to the loss: the
-    update screens the extras in a forward without gradient, then forwards with gradient only the others. Same
-    gradients, loss and statistics as the plain update (sharing.hacpo.screen: false); fewer rows through autograd."""
-    from mrl_trainer.logprobs import completion_logprobs
-    trainer = tiny_trainer
-    trainer.cfg.loss.mini_batches = mini_batches
-    batch = trainer.rollout(0)
-    n = sum(len(g) for g in batch.samples)
-    own = [s for g in batch.samples for s in g]
-    prompts = [g[0].prompt_ids for g in batch.samples]
-    extra_ids = [[11, 12], [13, 14, 15], [16], [17, 18], [19, 20, 21], [22]]
-    with torch.no_grad():   # Σ_t log π_θ(y_t) of each extra under the receiver as it is now
-        logp, mask = completion_logprobs(trainer.model, [prompts[i % 2] for i in range(6)], extra_ids,
-                                         trainer.tokenizer.pad_token_id, trainer.cfg.rollout.temperature)
-        own_sum = torch.where(mask.bool(), logp, 0.0).sum(-1).tolist()
-    log_s = [-5.0, -0.1, -5.0, -0.05, 0.5, -5.0]    # clipped below, inside, clipped, inside, above 1, clipped
-    extras = [Extra(prompt_index=i % 2, ids=ids, advantage=0.5 - i / 3, behaviour_logp=own_sum[i] - log_s[i] * len(ids),
-                    chunks=len(ids), weight=1.5) for i, ids in enumerate(extra_ids)]
-    totals = {"num_sequences": n + 6, "num_tokens": sum(len(s.ids) for s in own) + 13}
-    plan = Plan(advantages=torch.linspace(-1, 1, n), extras=extras, totals=totals, extra_totals=totals)
-    rows, grads = [], []
-
-    def count(module, args, kwargs):
-        rows.append((torch.is_grad_enabled(), kwargs["input_ids"].shape[0]))
-    hook = trainer.model.register_forward_pre_hook(count, with_kwargs=True)
-    trainer.optimizer.step = lambda: grads.append([p.grad.clone() for p in trainer.params])   # the weights stay
-    runs = {}
-    try:
-        for screen in (False, True):
-            trainer.sharing = SHARING_MODES["hacpo"](sharing_config(mode="hacpo", hacpo={"screen": screen},
-                                                                    guard={"initial_trust": 1}),   # steps at g_s = 0
-                                                     trainer.cfg.loss)
-            rows.clear()
-            stats = trainer.update(batch, plan)
-            runs[screen] = (stats, list(grads), sum(r for grad, r in rows if grad), sum(r for grad, r in rows if not grad))
-            grads.clear()
-    finally:
-        hook.remove()
-        del trainer.optimizer.step
-        trainer.cfg.loss.mini_batches = 1
-    (plain, plain_grads, plain_rows, plain_free), (screened, screened_grads, screened_rows, free) = runs[False], runs[True]
-    assert len(plain_grads) == len(screened_grads) == mini_batches
-    for a, b in zip(plain_grads, screened_grads):
-        for x, y in zip(a, b):
-            assert torch.allclose(x, y, rtol=1e-4, atol=1e-7)
-    for key in ("loss", "hacpo_ratio_mean", "hacpo_clipped", "hacpo_lower_bound", "extras"):
-        assert screened[key] == pytest.approx(plain[key], rel=1e-5)
-    assert plain["hacpo_clipped"] == pytest.approx(4 / 6)
-    assert plain_rows - screened_rows == 4                 # the four clipped extras: no forward with gradient
-    assert free - plain_free == 6                          # every extra screened once without
-
-
-@pytest.mark.slow
-def test_bench_hacpo_quick_ends_with_one_json_line(tmp_path):
-    from helpers import run_quick_bench
-    result = run_quick_bench("hacpo", tmp_path, timeout_s=300)
-    assert set(result["workloads"]) == {"clipped", "inside"}
-    for workload, runs in result["workloads"].items():
-        for r in runs.values():       # the workload is what it says: every peer sample clipped, or none
-            assert r["clipped"] == (1.0 if workload == "clipped" else 0.0) and r["extras"] == 32 and r["update_s"] > 0
-        assert result["ratio_vs_plain"][workload] == pytest.approx(runs["screened"]["update_s"] / runs["plain"]["update_s"],
-                                                                   abs=1e-3)

@@ -1,4 +1,4 @@
-"""The GRPO-family losses (mrl_trainer.losses; docs/algorithms.md): hand-computed tiny tensors for each piece, the
+"""The GRPO-family losses (mrl.algorithms; docs/algorithms.md): hand-computed tiny tensors for each piece, the
 micro-batch split, NaN handling, and equality with TRL 1.16's own `GRPOTrainer._compute_loss` (called on an
 object built with `__new__`, its model forward replaced by fixed log-probs) for every TRL loss_type that has a
 counterpart here, at both importance-sampling levels."""
@@ -10,7 +10,7 @@ from typing import get_args
 import pytest
 import torch
 
-from mrl_trainer.losses import (GSPO_EPS_HIGH, GSPO_EPS_LOW, Aggregation, ImportanceLevel, aggregate,
+from mrl.algorithms import (GSPO_EPS_HIGH, GSPO_EPS_LOW, Aggregation, ImportanceLevel, aggregate,
                                 clipped_surrogate, group_advantages, kl_k3, policy_loss, sequence_ratio)
 
 AGGREGATIONS = get_args(Aggregation)

@@ -22,7 +22,7 @@ from mrl.assets import expand
 from mrl.errors import InvalidArgument
 from mrl.experience import validate_name
 from mrl_trainer.errors import TrainerError
-from mrl_trainer.losses import Aggregation, ImportanceLevel
+from mrl.algorithms import Aggregation, ImportanceLevel
 from mrl_trainer.policy import ModelSpec
 from mrl_trainer.section import Section
 from mrl_trainer.sft import WarmStartConfig

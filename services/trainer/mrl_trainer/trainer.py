@@ -57,7 +57,6 @@ from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
 from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, Verifier, make_sharing
-from mrl_trainer.sharing.sgt import SGT
 from mrl_trainer.tasks import Problem, make_task
 from mrl_trainer.update import update
 
@@ -108,7 +107,7 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
     optimizer = adamw(model, config.loss)
     state = load_checkpoint(found, model, optimizer, ranks) if found else TrainState()
     sharing = make_sharing(config.sharing, config.loss)
-    if isinstance(sharing, SGT) and config.sharing.sgt.rationalize and ranks.world > 1:
+    if sharing.rationalizes() and ranks.world > 1:
         raise TrainerError("sharing.sgt.rationalize samples on rank 0 alone, which a model sharded over "
                            f"{ranks.world} ranks cannot: set it to 0 under torchrun")
     closing = contextlib.ExitStack()
@@ -278,7 +277,7 @@ class Trainer:
             raise TrainerError(f"no lease for {phase} from the scheduler at {s.target}: {exc}") from exc
 
     def _capability(self) -> float:
-        return capability(self.state.batch_rewards, self.cfg.sharing.hacpo.window)
+        return capability(self.state.batch_rewards, self.cfg.sharing.window)
 
     def _verifier(self, batch: StepBatch) -> Verifier:
         return Verifier(batch, lambda problem, text: self._verify(problem, text)[0])
@@ -382,7 +381,7 @@ class Trainer:
         tokens = sum(len(s.ids) for group in batch.samples for s in group)
         self.state.rollouts_total += n_samples
         self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[
-            -self.cfg.sharing.hacpo.window:]
+            -self.cfg.sharing.window:]
         published, plan, peer_stats = self.ranks.broadcast(
             self._exchange(batch, guided, n_samples, tokens, rollout_s) if self.ranks.main else None)
         start = time.perf_counter()
@@ -406,7 +405,7 @@ class Trainer:
     def _exchange(self, batch: StepBatch, guided: int, n_samples: int, tokens: int, rollout_s: float):
         """Publish the step's experience (with an exchange), take the peers' (with an inbox) and plan the update:
         (experiences the exchange took, the plan, the peer statistics)."""
-        t, window = batch.step, self.cfg.sharing.hacpo.window
+        t, window = batch.step, self.cfg.sharing.window
         published = 0
         if self.exchange is not None:
             published = self.publish(step_experiences(
@@ -430,8 +429,8 @@ class Trainer:
         """SGT with sharing.sgt.rationalize = n: the rescuable prompts' peer successes replaced by this policy's
         own verified responses, sampled (n per prompt, inside a rollout lease) with the peer's answer as a hint
         (mrl_trainer.rationalize). Otherwise the peers as they came."""
-        n = self.cfg.sharing.sgt.rationalize
-        if not n or not isinstance(self.sharing, SGT):
+        n = self.sharing.rationalizes()
+        if not n:
             return peers, {}
         params = self._sampling(batch.step, 1 << 50)
 

@@ -95,6 +95,8 @@ class _Sharing(Section):
                                                              "policy has not solved first), times the guard's "
                                                              "trust τ (guard.guidance); the rest follow the "
                                                              "task's own order.")
+    window: int = Field(5, ge=1, description="K: steps in the capability window P̂ (the mean batch reward over the "
+                                             "last K steps), published in policy_stats and HACPO's ω.")
     max_age_s: float = Field(0, ge=0, description="async: also drop a peer's group older than this (its created_at; "
                                                   "0: no age limit).")
     max_prompts: int = Field(4096, gt=0, description="async: the most prompts with peer experience kept in memory "

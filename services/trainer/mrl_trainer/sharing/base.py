@@ -5,32 +5,34 @@ A step of policy k with a sharing mode (docs/algorithms.md):
     own batch     P prompts × G samples, rewards R, behaviour log-probs          (StepBatch)
     peers         what the peers published for the same prompt ids, retokenized   (PeerBatch)
     plan          mode.plan(batch, peers) → own advantages A, extra sequences to   (Plan)
-                  forward (peer rollouts, rescued successes) and the whole-update normalisers
-    loss          Σ_micro-batches mode.own_loss(own) + mode.extra_loss(extras)
+                  forward (peer rollouts, rescued successes) and the whole-step normalisers
+    terms         mode.terms(batch, plan) → the loss terms the update forwards     (mrl_trainer.terms)
 
-The base class is solo GRPO/GSPO ("none"): own advantages within the own group, no extras.
-Every normaliser in a Plan is a whole-update total, so micro-batching leaves the gradient exact.
+    L_mode = L_own(A, plan totals) + Σ extra_loss(extras)          L_solo = L_own(A_solo, solo totals)
+
+L_own is the trainer's GRPO-family loss on own samples (mrl.algorithms.policy_loss); every mode trains on it.
+The base class is solo GRPO/GSPO ("none"): own-group advantages, no extras. The tensor math of each mode lives in
+mrl.algorithms; a mode here turns a step's batch and its peers' experience into it.
 """
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel
 from torch import Tensor
 
+from mrl.algorithms import group_advantages, normaliser, policy_loss
+from mrl.algorithms.xgrpo import UniformGroups
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.guard import Guard
-from mrl_trainer.losses import group_advantages, policy_loss
+from mrl_trainer.terms import Term
 
 __all__ = ["PeerSample", "PeerBatch", "Extra", "Plan", "SharingMode", "Verifier", "rescored", "pooled_peers",
-           "cross_log_ratio", "solo_advantages", "PEER_STATS", "UniformGroups", "UNIFORM_GROUPS_HELP",
-           "settle_uniform_groups"]
+           "solo_advantages", "PEER_STATS", "UniformGroups", "UNIFORM_GROUPS_HELP"]
 
-UniformGroups = Literal["pooled", "zero"]   # an own group of equal rewards under a pooled baseline: scored or left at 0
 UNIFORM_GROUPS_HELP = ("An own group whose rewards are all equal while the pool's differ: 'zero' keeps A = 0 as GRPO "
                        "does; 'pooled' scores it against the pooled baseline (the paper: all failed → every sample "
-                       "pushed down; on the testbed it cost 0.03–0.24 of final success against solo at its best "
-                       "learning rate).")
+                       "pushed down).")
 
 
 @dataclass(frozen=True)
@@ -98,32 +100,6 @@ def pooled_peers(peers: PeerBatch, prompt_index: int, per_prompt: int, verify: V
     return rescored([s for s in peers.rollouts.get(prompt_index, []) if s.ids][:per_prompt], verify)
 
 
-def settle_uniform_groups(rewards: list[list[float]], advantages: Tensor, uniform_groups: str) -> int:
-    """The own groups whose rewards are all equal but whose pooled advantages are not 0 (every sample pushed one
-    way: all failed and a peer succeeded → down, with no direction toward anything); under `zero` their
-    advantages (flat (N,), group after group, changed in place) are set to GRPO's 0. Returns how many."""
-    moved = 0
-    for group, part in zip(rewards, advantages.split([len(g) for g in rewards])):
-        if len(set(group)) == 1 and bool((part != 0).any()):
-            moved += 1
-            if uniform_groups == "zero":
-                part.zero_()
-    return moved
-
-
-def cross_log_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor) -> Tensor:
-    """The length-normalised log density ratio of a peer response y under π_θ^k and the producer's π_old^j:
-
-        log s = ( Σ_t log π_θ^k(y_t)  −  Σ_u log π_old^j(y_u) ) / C(y)
-
-    each sum over its own policy's tokens of the same text, divided by ONE normaliser, C(y) = the number of
-    THL chunks of y (the smallest spans both tokenizations agree on; = |y| when the tokenizers are the same,
-    where this is the papers' per-token ratio). When both policies give y the same probability, log s = 0
-    whatever the two token counts (a per-side mean would give log P · (1/|y|_k − 1/|y|_j) ≠ 0 instead).
-    logp, mask (N, T) in k's tokens; behaviour_logp, chunks (N,) from the producer j. Differentiable in logp."""
-    return (torch.where(mask.bool(), logp, 0.0).sum(-1) - behaviour_logp) / chunks.clamp(min=1)
-
-
 def solo_advantages(batch: StepBatch, loss) -> Tensor:
     """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std), flat (N,): solo's."""
     return group_advantages(torch.tensor(batch.rewards, dtype=torch.float32), scale=loss.scale_rewards).flatten()
@@ -144,9 +120,8 @@ class SharingMode:
         cumulative    the stats that count per step: figures draw them summed over steps
         summary       stat → its column in the report's summary table (the total if cumulative, else the mean)
 
-    and overrides plan, and extra_loss (and summarize) when it forwards extra sequences, and own_loss when it puts
-    a loss of its own on its own samples (HACPO: GSPO; the guard still measures against solo_loss); the registry
-    in sharing/__init__.py lists it.
+    and overrides plan, and extra_loss (and summarize) when it forwards extra sequences; the registry in
+    sharing/__init__.py lists it.
     """
     name: ClassVar[str]
     title: ClassVar[str]
@@ -163,39 +138,18 @@ class SharingMode:
         """`sharing`: the SharingConfig; `loss`: the trainer's LossConfig. A mode that takes peers' experience
         has the no-harm guard (mrl_trainer.guard) unless `sharing.guard.enabled` is false."""
         self.sharing, self.loss = sharing, loss
-        guarded = self.kinds and sharing.guard.enabled
         self.guard = Guard(sharing.guard, self.guard_max_ratio, self.guard_initial_trust) \
-            if guarded else None
-        # a loss of its own on own samples (HACPO's GSPO) is judged apart from the peers (mrl_trainer.guard);
-        # neither capped nor projected against a memory, which are about what peers send
-        self.own_guard = Guard(sharing.guard.model_copy(update={"max_ratio": 0.0, "memory": 0}),
-                               default_initial_trust=self.guard_initial_trust, name="guard_own") \
-            if guarded and not self.own_loss_is_solo else None
+            if self.kinds and sharing.guard.enabled else None
 
     def state(self) -> dict:
-        """What the mode has learned during the run that a resumed trainer must keep (checkpointed with it):
-        the guard's trust τ, its score m and memory (and the own guard's score). Plain values only."""
-        if self.guard is None:
-            return {}
-        own = {} if self.own_guard is None else {"guard_own_score": self.own_guard.score}
-        return {"guard_trust": self.guard.trust, "guard_score": self.guard.score,
-                "guard_memory": [[list(prompt), ids] for prompt, ids in self.guard.memory.items()], **own}
+        """What a resumed trainer must keep of the mode (checkpointed with it): the guard's score m (and its τ,
+        for a reader). Plain values only."""
+        return {} if self.guard is None else {"guard_trust": self.guard.trust, "guard_score": self.guard.score}
 
     def restore(self, state: dict) -> None:
-        """Take back a checkpoint's `state()` (a missing entry leaves its default: older checkpoints; one from before a
-        mode's own guard, whose one τ judged its own loss and its peers together, leaves both trusts at τ_0)."""
-        if self.guard is None:
-            return
-        if self.own_guard is not None and "guard_own_score" not in state:
-            state = {"guard_memory": state.get("guard_memory", [])}   # one τ judged both: both start at τ_0
-        if "guard_score" in state:
+        """Take back a checkpoint's `state()`."""
+        if self.guard is not None and "guard_score" in state:
             self.guard.score = float(state["guard_score"])
-        elif "guard_trust" in state:            # a checkpoint from before the score: the m that gives its τ
-            self.guard.trust = float(state["guard_trust"])
-        for prompt, ids in state.get("guard_memory", []):
-            self.guard.keep(prompt, ids)
-        if self.own_guard is not None and "guard_own_score" in state:
-            self.own_guard.score = float(state["guard_own_score"])
 
     def guided_share(self) -> float:
         """async: the most of a batch's prompts its peers choose (sdk guided_batch): sharing.guided_share, times
@@ -206,6 +160,15 @@ class SharingMode:
             return share
         return share * self.guard.trust
 
+    def rationalizes(self) -> int:
+        """Samples the trainer draws per rescuable prompt with the peer's answer as a hint (SGT's
+        `rationalize`); 0: none."""
+        return 0
+
+    def rescuable(self, batch: StepBatch) -> list[int]:
+        """The prompts a peer's success can rescue (SGT); none."""
+        return []
+
     def own_totals(self, batch: StepBatch) -> dict:
         flat = [s for group in batch.samples for s in group]
         return dict(num_sequences=len(flat), num_tokens=sum(len(s.ids) for s in flat))
@@ -214,41 +177,65 @@ class SharingMode:
         """A_i = group-relative advantage within the own group (GRPO; Dr.GRPO without std)."""
         return Plan(solo_advantages(batch, self.loss), totals=self.own_totals(batch))
 
-    def solo_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
-                  max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
-        """The trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss config), the
-        loss `none` trains on: S / D with D = losses.normaliser(loss.aggregation, **totals), S independent of the
-        totals. The guard's g_s is its gradient, whatever loss the mode puts on its own samples."""
+    def own_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
+                 max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
+        """L_own: the trainer's GRPO-family loss on own samples (level, clip, aggregation, β from the loss
+        config): S / D with D = normaliser(loss.aggregation, **totals)."""
         cfg = self.loss
         return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=cfg.beta, eps_low=cfg.eps_low,
                            eps_high=cfg.eps_high, level=cfg.level, aggregation=cfg.aggregation,
                            max_tokens=max_tokens, **totals)
 
-    def own_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ref_logp: Tensor | None,
-                 max_tokens: int, totals: dict) -> tuple[Tensor, dict[str, float]]:
-        """The mode's loss on own samples at the plan's advantages and totals: solo's (a mode with a loss of its
-        own, HACPO's GSPO, overrides it; the difference is then part of its peer term)."""
-        return self.solo_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, max_tokens=max_tokens,
-                              totals=totals)
+    def terms(self, batch: StepBatch, plan: Plan, *, max_tokens: int) -> tuple[list[Term], list[Term]]:
+        """The loss terms of the step (mrl_trainer.update), as (own, peer). Without a guard: own = L_own at the
+        plan's advantages and totals, peer = the extras' loss; their sum is L_mode. With one: own = L_solo, the
+        gradient g_s the guard measures against, and peer = L_mode − L_solo, the peer term d:
 
-    @property
-    def own_loss_is_solo(self) -> bool:
-        """Whether own_loss is solo_loss: a sample whose advantage the plan left as solo's then has the same
-        per-token loss in both (mrl_trainer.update takes its part of g_s from its own gradient)."""
-        return type(self).own_loss is SharingMode.own_loss
+            the own samples whose loss differs    L_own(A, plan totals) − L_own(A_solo, solo totals), per sample
+            the extras                            extra_loss
 
-    @property
-    def screens(self) -> bool:
-        """Whether the update screens this mode's extras (`live`) before it forwards them with autograd: a mode
-        whose loss gives some extras no gradient (a clipped ratio) says so; the default, False, forwards each
-        extra once, with autograd."""
-        return False
+        An own sample whose advantages are 0 under both (with β = 0) adds exactly 0 and is not forwarded; nor is
+        one whose advantage and normaliser the plan left as solo's (its two losses are equal)."""
+        flat = [s for group in batch.samples for s in group]
+        prompt_of = [p for p, group in enumerate(batch.samples) for _ in group]
+        kl = self.loss.beta > 0
 
-    def live(self, logp: Tensor, mask: Tensor, extras: list[Extra], *, update: int) -> Tensor:
-        """Which extras' loss terms have a gradient at these log-probs (bool (n,)); asked only when `screens`.
-        The update (mrl_trainer.update) forwards every extra once without autograd, which gives the loss's value
-        and the statistics, then with autograd only the live ones, which give all of its gradient."""
-        raise NotImplementedError(f"sharing mode {self.name!r} does not screen its extras")
+        def own_term(members: list[int], loss, stats: str | None) -> Term:
+            return Term([flat[i].prompt_ids for i in members], [flat[i].ids for i in members],
+                        [prompt_of[i] for i in members], loss, own=True, keys=members, stats=stats)
+
+        def own_loss(advantages: Tensor, totals: dict, members: list[int]):
+            def loss(logp, mask, indices, m, old, ref):
+                a = advantages[[members[i] for i in indices]].to(logp.dtype)
+                return self.own_loss(logp, old, a, mask, ref_logp=ref, max_tokens=max_tokens, totals=totals)
+            return loss
+
+        extras = [e for e in plan.extras if e.ids]
+        peer = [Term([flat_prompt(batch, e.prompt_index) for e in extras], [e.ids for e in extras],
+                     [e.prompt_index for e in extras],
+                     lambda logp, mask, indices, m, old, ref: self.extra_loss(
+                         logp, mask, [extras[i] for i in indices], update=m, max_tokens=max_tokens,
+                         totals=plan.extra_totals),
+                     part="peer", stats="per_sequence")] if extras else []
+        mode = plan.advantages.tolist()
+        if self.guard is None:
+            members = [i for i, s in enumerate(flat) if s.ids and (kl or mode[i] != 0)]
+            return [own_term(members, own_loss(plan.advantages, plan.totals, members), "mean")], peer
+        solo_tensor, solo_totals = solo_advantages(batch, self.loss), self.own_totals(batch)
+        solo = solo_tensor.tolist()
+        members = [i for i, s in enumerate(flat) if s.ids and (kl or solo[i] != 0)]
+        same_scale = (normaliser(self.loss.aggregation, **plan.totals, max_tokens=1)
+                      == normaliser(self.loss.aggregation, **solo_totals, max_tokens=1))
+        changed = [i for i, s in enumerate(flat)
+                   if s.ids and (kl or mode[i] != 0 or solo[i] != 0) and not (same_scale and mode[i] == solo[i])]
+        mode_loss, solo_loss = own_loss(plan.advantages, plan.totals, changed), own_loss(solo_tensor, solo_totals, changed)
+
+        def difference(logp, mask, indices, m, old, ref):
+            return mode_loss(logp, mask, indices, m, old, ref)[0] - solo_loss(logp, mask, indices, m, old, ref)[0], {}
+        own = [own_term(members, own_loss(solo_tensor, solo_totals, members), "mean")]
+        if changed:
+            peer.insert(0, replace(own_term(changed, difference, None), part="peer"))
+        return own, peer
 
     def extra_loss(self, logp: Tensor, mask: Tensor, extras: list[Extra], *, update: int, max_tokens: int,
                    totals: dict) -> tuple[Tensor, dict[str, Tensor]]:
@@ -261,3 +248,8 @@ class SharingMode:
     def summarize(self, per_sequence: dict[str, Tensor]) -> dict[str, float]:
         """The step's statistics from the extras' per-sequence values (all micro-batches concatenated)."""
         return {name: values.float().mean().item() for name, values in per_sequence.items()}
+
+
+def flat_prompt(batch: StepBatch, prompt_index: int) -> list[int]:
+    """The prompt token ids of one of the step's prompts."""
+    return batch.samples[prompt_index][0].prompt_ids

@@ -13,7 +13,7 @@ is weighted by a sequence-level, length-normalised density ratio, truncated at c
 stopped-gradient weight (a truncated importance-sampled policy gradient):
 
     log ρ = ( Σ_t log π_θ^k(y_t)  −  Σ_u log π_old^j(y_u) ) / C(y)      each sum over its own tokens of y,
-                                                                        C(y) = THL chunks of y (base.cross_log_ratio)
+                                                                        C(y) = THL chunks of y (mrl.algorithms.ratios)
     ρ̄     = min(ρ, c)
     l_t   = −sg[ρ̄] · A · log π_θ^k(y_t)                                          on k's tokens of y
 
@@ -29,35 +29,21 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from mrl.algorithms import group_advantages
+from mrl.algorithms.prp import peer_rollout_loss, truncated_ratio
+from mrl.algorithms.xgrpo import settle_uniform_groups
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import aggregate, group_advantages
 from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import (PEER_STATS, UNIFORM_GROUPS_HELP, Extra, PeerBatch, Plan, SharingMode,
-                                      UniformGroups, Verifier, cross_log_ratio, pooled_peers, settle_uniform_groups)
+                                      UniformGroups, Verifier, pooled_peers)
 
-__all__ = ["PRP", "PRPConfig", "truncated_ratio", "peer_rollout_loss"]
+__all__ = ["PRP", "PRPConfig"]
 
 
 class PRPConfig(Section):
     c: float = Field(1.0, gt=0, description="Truncation of the peer density ratio: ρ̄ = min(ρ, c).")
     per_prompt: int = Field(8, ge=1, description="Most peer rollouts pooled per prompt.")
     uniform_groups: UniformGroups = Field("zero", description=UNIFORM_GROUPS_HELP)
-
-
-def truncated_ratio(logp: Tensor, mask: Tensor, behaviour_logp: Tensor, chunks: Tensor,
-                    c: float) -> tuple[Tensor, Tensor]:
-    """(log ρ, ρ̄) per sequence (N,): log ρ = base.cross_log_ratio; ρ̄ = min(e^{log ρ}, c)."""
-    log_rho = cross_log_ratio(logp.detach(), mask, behaviour_logp, chunks)
-    return log_rho, torch.exp(log_rho).clamp(max=c)
-
-
-def peer_rollout_loss(logp: Tensor, mask: Tensor, advantages: Tensor, weights: Tensor, aggregation: str, *,
-                      max_tokens: int | None = None, num_sequences: int | None = None,
-                      num_tokens: int | None = None) -> Tensor:
-    """agg_{i,t}[ −sg[ρ̄_i] A_i log π_θ(y_{i,t}) ]: logp, mask (N, T); advantages, weights ρ̄ (N,)."""
-    per_token = -(weights.detach() * advantages).unsqueeze(-1) * torch.where(mask.bool(), logp, 0.0)
-    return aggregate(per_token, mask, aggregation, max_tokens=max_tokens, num_sequences=num_sequences,
-                     num_tokens=num_tokens)
 
 
 class PRP(SharingMode):

@@ -30,12 +30,13 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
+from mrl.algorithms import masked_seq_mean
+from mrl.algorithms.sgt import rescue_nll
 from mrl_trainer.experience import StepBatch
-from mrl_trainer.losses import masked_seq_mean
 from mrl_trainer.section import Section
 from mrl_trainer.sharing.base import Extra, PeerBatch, Plan, SharingMode, Verifier
 
-__all__ = ["SGT", "SGTConfig", "rescue_nll"]
+__all__ = ["SGT", "SGTConfig"]
 
 
 class SGTConfig(Section):
@@ -53,11 +54,6 @@ class SGTConfig(Section):
                                                          "peer's response as written (the paper).")
 
 
-def rescue_nll(logp: Tensor, mask: Tensor, lam: float, divisor: int) -> Tensor:
-    """λ · Σ_y [(1/|y|) Σ_t −log π_θ(y_t)] / N over this micro-batch's rescued responses (N: the step's divisor)."""
-    return lam * (-masked_seq_mean(logp, mask)).sum() / max(divisor, 1)
-
-
 class SGT(SharingMode):
     name = "sgt"
     title = "SGT — Success-Gated Transfer"
@@ -69,6 +65,9 @@ class SGT(SharingMode):
     figures = {"sgt": ("sgt_rescued", "sgt_accepted", "sgt_rejected")}
     cumulative = frozenset({"sgt_rescued", "sgt_accepted", "sgt_rejected"})
     summary = {"sgt_rescued": "SGT rescues (cum.)", "sgt_rejected": "SGT rejections (cum.)"}
+
+    def rationalizes(self) -> int:
+        return self.sharing.sgt.rationalize
 
     def rescuable(self, batch: StepBatch) -> list[int]:
         """The prompts whose own success rate is ≤ τ: those a peer's success can rescue."""
