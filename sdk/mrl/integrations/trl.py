@@ -20,9 +20,10 @@ run: its P prompts × G completions) goes through `_generate_and_score_completio
               rollouts wait for their log-probs when TRL's loss forward gives them (below)
     peers     with a sharing mode: what the peers published for the same prompt ids, waited for at most
               peer_wait_s (mrl.peers.PeerInbox), their responses retokenized by THL (mrl.peers.Retokenizer)
-    xgrpo     the advantages of the prompts the peers scored are replaced by the pooled ones (`pooled_advantages`)
+    xgrpo     the advantages of the prompts the peers scored are replaced by the pooled ones
+              (mrl.algorithms.xgrpo.pooled_advantages, as the mrl trainer's XGRPO)
     sgt       the re-verified peer successes of the failed prompts form the rescue set S; `_compute_loss` adds
-              λ·NLL(S) to TRL's loss (`rescue_nll`)
+              λ·NLL(S) to TRL's loss (mrl.algorithms.sgt.rescue_nll, as the mrl trainer's SGT)
 
 Prompts are matched by the dataset's `prompt_id` column: the run's task ids (e.g. the mrl trainer's
 "arithmetic-L1:train:0:17"). The mrl trainer takes task.batch(t, P) at step t; a TRL trainer sees the same prompts
@@ -60,6 +61,8 @@ from torch import Tensor
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
+from mrl.algorithms.sgt import rescue_nll
+from mrl.algorithms.xgrpo import pooled_advantages
 from mrl.errors import InvalidArgument, Unavailable
 from mrl.experience import Group, Response, kind_of, step_experiences, validate_name
 from mrl.peers import Arrived, PeerInbox, Retokenizer
@@ -70,7 +73,6 @@ log = logging.getLogger("mrl.integrations.trl")
 
 # sharing mode → the experience kinds it takes from peers (the mrl trainer's modes of the same names)
 SHARING_KINDS: dict[str, tuple[str, ...]] = {"none": (), "xgrpo": ("group_stats",), "sgt": ("success",)}
-EPS = 1e-4      # TRL's and mrl's ε of the group std
 
 
 @dataclass
@@ -116,48 +118,6 @@ class Mutual:
                 raise InvalidArgument(f"{name} is {value}; it must be >= {low}")
         if self.tau > 1:
             raise InvalidArgument(f"tau is {self.tau}; it is a success rate, in [0, 1]")
-
-
-def pooled_advantages(own: Tensor, peer: list[float], scale: bool, uniform_groups: str = "zero"
-                      ) -> tuple[Tensor, bool]:
-    """XGRPO (Mutual RL): the advantages of one prompt's own G completions against a baseline pooled with the
-    rewards its peers published for the same prompt; and whether an own group of equal rewards was moved.
-
-        pool_x = {R_i^k}_{i ≤ G} ∪ {R^j from group_stats_j(x)}_j
-        A_i^k  = (R_i^k − mean(pool_x)) / (std(pool_x) + ε)          scale (TRL scale_rewards="group")
-        A_i^k  =  R_i^k − mean(pool_x)                               no scale (scale_rewards="none")
-
-    std is the unbiased (n − 1) standard deviation, ε = 1e-4 (TRL's and mrl's). A pool of equal rewards gives
-    A = 0. An own group of equal rewards in a pool that differs: uniform_groups "zero" (the default) leaves A = 0
-    as GRPO, "pooled" scores it against the pool (the paper). Unscorable own completions (NaN reward, TRL: every reward
-    function returned None) stay out of the pool and get A = 0, as TRL gives them. own: (G,); returns (G,)."""
-    ok = ~torch.isnan(own)
-    pool = torch.cat([own[ok], torch.tensor(peer, dtype=own.dtype, device=own.device)])
-    advantages = own - pool.mean()
-    if scale:
-        std = pool.std() if pool.numel() > 1 else pool.new_zeros(())
-        advantages = advantages / (std + EPS)
-    if bool((pool == pool[0]).all()):
-        advantages = torch.zeros_like(own)
-    advantages = torch.where(ok, advantages, 0.0)
-    mine = own[ok]
-    uniform = mine.numel() > 0 and bool((mine == mine[0]).all()) and bool((advantages[ok] != 0).any())
-    if uniform and uniform_groups == "zero":
-        advantages = torch.zeros_like(own)
-    return advantages, uniform
-
-
-def rescue_nll(logp: Tensor, mask: Tensor, lam: float, divisor: int) -> Tensor:
-    """SGT (Mutual RL): the auxiliary term on the rescue set S, added to TRL's GRPO loss,
-
-        L = L_GRPO(own) + λ · (1/N) Σ_{y ∈ S} (1/|y|) Σ_t −log π_θ(y_t | x, y_<t)
-
-    over the rescued responses in this policy's tokens (THL-retokenized); N = |S| ("responses", the paper) or
-    the step's prompts P ("prompts"). logp, mask: (|S|, T) per-token log-probs (temperature-scaled, as TRL's
-    loss) and the response mask."""
-    mask = mask.bool()
-    per_response = torch.where(mask, -logp, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
-    return lam * per_response.sum() / max(divisor, 1)
 
 
 @dataclass
