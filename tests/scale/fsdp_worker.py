@@ -47,9 +47,8 @@ def run(mode: str, steps: int, ranks: distributed.Ranks, save: str | None, resum
     loss = LossConfig(lr=1e-3, mini_batches=2, micro_batch_tokens=30)
     pushed = {"xgrpo": {"uniform_groups": "pooled"}} if mode == "xgrpo" else {}    # a peer term the guard projects
     # at full trust from the start (XGRPO and HACPO earn theirs from 0 by default), so that every mode's update
-    # applies its peer term, the combination the shards must reproduce; with a memory (off by default), whose
-    # recalled successes' gradient the shards must reproduce too
-    guard = {"guard": {"initial_trust": 1.0, "memory": 64}} if mode != "none" else {}
+    # applies its peer term, the combination the shards must reproduce
+    guard = {"guard": {"initial_trust": 1.0}} if mode != "none" else {}
     if untrusted and mode != "none":
         guard = {"guard": {"initial_trust": 0.0, "trust_rate": 0.0}}
     sharing = make_sharing(sharing_config(mode=mode, **pushed, **guard), loss)

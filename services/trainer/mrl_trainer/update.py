@@ -105,18 +105,16 @@ class _Pass:
         return out
 
     def keep_old(self, terms: list[Term], parts: list[range]) -> None:
-        """π_old of every own sample this rank forwards, before the first optimizer step."""
+        """π_old of every own sample this rank forwards, before the first optimizer step (every rank forwards
+        the same micro-batches: FSDP's collectives stay in step)."""
         self.old = {}
         with torch.no_grad():
             for part in parts:
                 for term in terms:
                     for indices, _ in self.groups(term, part):
-                        keys = [term.keys[i] for i in indices]
-                        if all(k in self.old for k in keys):
-                            continue
                         logp, mask = self.logprobs(*_take(term, indices))
-                        for key, row, n in zip(keys, logp, mask.sum(-1).long().tolist()):
-                            self.old.setdefault(key, row[:n].clone())
+                        for i, row, n in zip(indices, logp, mask.sum(-1).long().tolist()):
+                            self.old.setdefault(term.keys[i], row[:n].clone())
 
     def backward(self, terms: list[Term], part: range, m: int, scale: float) -> bool:
         """Backward of scale × each micro-batch loss of the terms' sequences in prompts `part`, the gradient
@@ -139,8 +137,8 @@ class _Pass:
                 if not math.isfinite(value):
                     raise TrainerError(f"non-finite loss ({value}) at step {self.step}: no update was "
                                        f"applied; lower loss.lr or check the rewards and the model's dtype")
+                (loss * scale * weight).backward()         # weight 0 too: FSDP's collectives stay in step
                 if weight:
-                    (loss * scale * weight).backward()
                     self.loss += value
                     self._note(term, stats, len(indices))
                 self.clock.lap(term.part)
