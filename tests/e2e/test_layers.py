@@ -41,7 +41,9 @@ def test_each_package_imports_only_the_layers_below_it(folder):
 
 # An integration (an optional extra: pip install ./sdk[trl]) imports its framework, and nothing else server-side;
 # `import mrl` loads none of them (tests/integrations/test_trl.py checks that in a fresh interpreter).
-INTEGRATIONS = {"sdk/mrl/integrations/trl.py": {"torch", "transformers", "trl"}}
+# mrl.algorithms (the tensor math the trainer and the integrations share) imports torch alone.
+INTEGRATIONS = {"sdk/mrl/integrations/trl.py": {"torch", "transformers", "trl"},
+                **{str(p.relative_to(ROOT)): {"torch"} for p in (ROOT / "sdk/mrl/algorithms").glob("*.py")}}
 
 
 def test_the_sdk_imports_nothing_server_side():
