@@ -44,7 +44,6 @@ bench: install tokenizers
 	$(BIN)/mrl bench scheduler
 	$(BIN)/mrl bench trainer
 	$(BIN)/mrl bench guard
-	$(BIN)/mrl bench hacpo
 
 up: install
 	$(BIN)/mrl up examples/local.yaml

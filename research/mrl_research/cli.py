@@ -9,7 +9,7 @@ mrl_research.lab.cli.
 import importlib
 
 __all__ = ["bench_command", "bench_exchange", "bench_align", "bench_scheduler", "bench_trainer", "bench_guard",
-           "bench_hacpo", "bench_trl", "bench_mutual"]
+           "bench_trl", "bench_mutual"]
 
 
 def bench_command(module: str, help: str, **options):
@@ -40,9 +40,6 @@ bench_trainer = bench_command("mrl_research.bench.trainer", "one GRPO step of th
 bench_guard = bench_command("mrl_research.bench.guard", "the no-harm guard's combination per optimizer step on the "
                                                         "demo pair's parameters vs the optimizer's step (time, "
                                                         "memory); ends with one JSON line")
-bench_hacpo = bench_command("mrl_research.bench.hacpo", "a HACPO update on SmolLM2's shapes with its clipped peer "
-                                                        "samples screened out of autograd vs the plain update "
-                                                        "(time, memory); ends with one JSON line")
 bench_trl = bench_command("mrl_research.bench.trl", "TRL's GRPOTrainer joining a run (mrl.integrations.trl) vs plain "
                                                     "TRL, a peer publishing: step-time overhead; ends with one JSON line")
 bench_mutual = bench_command(

@@ -24,9 +24,7 @@ prompts that SmolLM2 answers correctly by greedy decoding, with a correct respon
 
 So own and peer differ only in the form of equally correct responses. After each update: greedy accuracy on
 the held-out problems, the share of greedy answers cut at the token limit, and the mean answer length.
-`--set` overrides a field of the trainer config (e.g. sharing.guard.memory=64, sharing.sgt.lam=0.01).
-`--remember N` puts the own greedy successes of N other solved train problems in the guard's memory before
-the first update, as a run's earlier steps would have (it takes effect with sharing.guard.memory > 0).
+`--set` overrides a field of the trainer config (e.g. sharing.sgt.lam=0.01).
 Ends with one JSON line.
 """
 import argparse
@@ -108,11 +106,6 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
         pool = trainer.task.batch(1000, args.pool)                      # train problems, none of the eval split
         solved = [(p, s) for p, s in zip(pool, greedy(trainer, pool)) if trainer._verify(p, s.text)[0] >= 1.0]
         print(f"{form}: {len(solved)} of {len(pool)} train problems solved greedily at the start", flush=True)
-        recalled = solved[args.steps * args.rescues:][:args.remember]     # never a problem an update rescues
-        for _, s in recalled:
-            trainer.sharing.guard.keep(s.prompt_ids, s.ids)
-        if args.remember and len(recalled) < args.remember:
-            raise SystemExit(f"--remember {args.remember}: only {len(recalled)} other solved problems; raise --pool")
         rows = [{"update": 0, **evaluate(trainer)}]
         print(form, rows[-1], flush=True)
         for k in range(args.steps):
@@ -151,8 +144,6 @@ def main() -> None:
     parser.add_argument("--rescues", type=int, default=1, help="prompts rescued per update")
     parser.add_argument("--pool", type=int, default=64, help="train problems to find greedily solved ones in")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--remember", type=int, default=0,
-                        help="own successes of other train problems put in the guard's memory first")
     parser.add_argument("--hint-samples", type=int, default=8, help="hinted arm: samples per rescued prompt")
     parser.add_argument("--arms", default="own,peer,peer-end,hinted",
                         help="comma-separated, among own, peer, peer-end, hinted, hinted-answer")

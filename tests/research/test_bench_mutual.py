@@ -17,9 +17,9 @@ MUTUAL = ROOT / "examples" / "mutual.yaml"
 
 def test_steps_per_minute_count_each_step_for_its_share_inside_the_window():
     steps = [{"time": 105.0, "step_s": 10.0, "rollout_s": 6.0, "update_s": 3.0, "active": 0.25,   # half inside
-              "tokens": 90, "cpu_s": 8.0, "update_own_s": 2.0, "update_solo_s": 0.0},
+              "tokens": 90, "cpu_s": 8.0, "update_own_s": 2.0, "update_peer_s": 0.0},
              {"time": 120.0, "step_s": 15.0, "rollout_s": 8.0, "update_s": 5.0, "active": 0.75, "tokens": 110,
-              "update_own_s": 3.0, "update_solo_s": 1.0, "peer_wait_s": 4.0, "peer_samples": 8},
+              "update_own_s": 3.0, "update_peer_s": 1.0, "peer_wait_s": 4.0, "peer_samples": 8},
              {"time": 140.0, "step_s": 20.0}]          # half inside
     figures = _figures(steps + [{"time": 129.0, "step_s": 1.0, "rollout_s": 1.0, "update_s": 0.0, "skipped": 1.0}],
                        100.0, 130.0)
@@ -30,7 +30,7 @@ def test_steps_per_minute_count_each_step_for_its_share_inside_the_window():
     assert figures["steps"] == 2 and figures["peer_wait_s_mean"] == 4.0 and figures["peer_samples"] == 8
     assert (figures["rollout_s_mean"], figures["update_s_mean"], figures["active_mean"]) == (7.0, 4.0, 0.5)
     assert figures["tokens_mean"] == 100.0 and figures["cpu_s_mean"] == 8.0
-    assert (figures["update_own_s_mean"], figures["update_solo_s_mean"]) == (2.5, 0.5)   # where the update's went
+    assert (figures["update_own_s_mean"], figures["update_peer_s_mean"]) == (2.5, 0.5)   # where the update's went
     assert figures["exchange_s_mean"] == 1.5                # (10 − 6 − 3 + 15 − 8 − 5) / 2: the rest of the steps
     assert "sgt_accepted" not in figures and "peers_complete_mean" not in figures
 

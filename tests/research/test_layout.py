@@ -50,7 +50,7 @@ def test_research_registers_the_bench_and_lab_commands():
     points = tomllib.loads((ROOT / "research" / "pyproject.toml").read_text())["project"]["entry-points"]
     commands = points["mrl.commands"]
     assert {name for name in commands if name.startswith("bench.")} == {
-        f"bench.{n}" for n in ("exchange", "align", "scheduler", "trainer", "guard", "hacpo", "trl", "mutual")}
+        f"bench.{n}" for n in ("exchange", "align", "scheduler", "trainer", "guard", "trl", "mutual")}
     assert {"lab.bandit", "lab.signal"} <= set(commands)
     assert all(value.startswith("mrl_research.") for value in commands.values())
     assert points["mrl.demos"] == {"exchange": "mrl_research.exchange_demo:main"}
