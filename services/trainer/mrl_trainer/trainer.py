@@ -46,7 +46,8 @@ from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoin
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.distributed import Ranks, shard
 from mrl_trainer.errors import TrainerError
-from mrl_trainer.experience import StepBatch, capability, step_experiences
+from mrl_trainer.experience import StepBatch, step_experiences
+from mrl_trainer.learner import Learner
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.metrics import MetricsSink
 from mrl_trainer.optimizer import adamw
@@ -56,9 +57,8 @@ from mrl_trainer.policy import forward_dtype, load_policy, prompt_ids
 from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
-from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, Verifier, make_sharing
+from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, make_sharing
 from mrl_trainer.tasks import Problem, make_task
-from mrl_trainer.update import update
 
 __all__ = ["Trainer", "build_trainer", "prepare_warm_start"]
 
@@ -205,7 +205,7 @@ class Trainer:
                  inbox: PeerInbox | None = None, retokenize: Retokenizer | None = None, scheduler=None,
                  closing: contextlib.ExitStack | None = None, ranks: Ranks = Ranks()):
         self.cfg = config
-        self.model, self.tokenizer, self.task, self.optimizer = model, tokenizer, task, optimizer
+        self.model, self.tokenizer, self.task = model, tokenizer, task
         # the parameters the optimizer steps on, taken now: once FSDP has run a forward, model.parameters() names
         # its root's gathered (unsharded) copies, which receive no gradient
         self.params = list(model.parameters())
@@ -224,7 +224,18 @@ class Trainer:
         except ValueError as exc:
             raise TrainerError(str(exc)) from exc
         self.state = state or TrainState()
-        self.sharing, self.metrics = sharing, metrics
+        self.metrics = metrics
+        pad, temperature = tokenizer.pad_token_id, config.rollout.temperature
+
+        def logprobs(policy):
+            def forward(prompts, completions):
+                with self.autocast():
+                    return completion_logprobs(policy, prompts, completions, pad, temperature)
+            return forward
+        self.learner = Learner(sharing, logprobs(model), self.params, optimizer, config.loss, self.state,
+                               reward=lambda problem, text: self._verify(problem, text)[0],
+                               max_tokens=config.rollout.max_new_tokens,
+                               reference=None if reference is None else logprobs(reference), ranks=ranks)
         self.exchange, self.inbox, self.retokenize, self.scheduler = exchange, inbox, retokenize, scheduler
         self._closing = closing or contextlib.ExitStack()
         self.resumed_from = resumed_from
@@ -276,11 +287,21 @@ class Trainer:
         except MrlError as exc:
             raise TrainerError(f"no lease for {phase} from the scheduler at {s.target}: {exc}") from exc
 
-    def _capability(self) -> float:
-        return capability(self.state.batch_rewards, self.cfg.sharing.window)
+    @property
+    def sharing(self) -> SharingMode:
+        return self.learner.sharing
 
-    def _verifier(self, batch: StepBatch) -> Verifier:
-        return Verifier(batch, lambda problem, text: self._verify(problem, text)[0])
+    @sharing.setter
+    def sharing(self, mode: SharingMode) -> None:
+        self.learner.sharing = mode
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.learner.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.learner.optimizer = optimizer
 
     # --- one step -------------------------------------------------------------------------------
     def _sampling(self, step: int, salt: int) -> SamplingParams:
@@ -343,17 +364,7 @@ class Trainer:
     def update(self, batch: StepBatch, plan: Plan | None = None) -> dict[str, float]:
         """μ optimizer updates on the batch (own samples, and the plan's extra sequences); loss statistics.
         The update itself is update.update, over this policy's log-probs (and its frozen reference's)."""
-        plan = plan or self.sharing.plan(batch, PeerBatch(), capability=self._capability(), verify=self._verifier(batch))
-        pad, temperature = self.tokenizer.pad_token_id, self.cfg.rollout.temperature
-
-        def logprobs(model):
-            def forward(prompts, completions):
-                with self.autocast():
-                    return completion_logprobs(model, prompts, completions, pad, temperature)
-            return forward
-        stats = update(logprobs(self.model), self.params, self.optimizer, self.sharing,
-                       self.cfg.loss, batch, plan, max_tokens=self.cfg.rollout.max_new_tokens,
-                       reference=None if self.reference is None else logprobs(self.reference), ranks=self.ranks)
+        stats = self.learner.learn(batch, plan or self.learner.plan(batch, PeerBatch()))
         if "skipped" not in stats:
             self.engine.sync_weights(self.model)
         return stats
@@ -376,12 +387,10 @@ class Trainer:
             batch = self.rollout(t, problems)
         rollout_s = time.perf_counter() - start
         self._note_solved(batch)
+        self.learner.note(batch)
         flat_rewards = [r for group in batch.rewards for r in group]
         n_samples = len(flat_rewards)
         tokens = sum(len(s.ids) for group in batch.samples for s in group)
-        self.state.rollouts_total += n_samples
-        self.state.batch_rewards = (self.state.batch_rewards + [sum(flat_rewards) / n_samples])[
-            -self.cfg.sharing.window:]
         published, plan, peer_stats = self.ranks.broadcast(
             self._exchange(batch, guided, n_samples, tokens, rollout_s) if self.ranks.main else None)
         start = time.perf_counter()
@@ -391,7 +400,7 @@ class Trainer:
         self.state.step = t + 1
         record = {"reward_mean": self.state.batch_rewards[-1],
                   "accuracy": sum(r >= 1.0 for r in flat_rewards) / n_samples,
-                  "capability": self._capability(), "sharing": self.sharing.name,
+                  "capability": self.learner.capability(), "sharing": self.sharing.name,
                   "rollouts_total": self.state.rollouts_total, "tokens": tokens,
                   "truncated": sum(s.truncated for g in batch.samples for s in g) / n_samples,
                   "rollout_s": rollout_s, "update_s": update_s, "step_s": time.perf_counter() - step_start,
@@ -422,8 +431,7 @@ class Trainer:
             peers, peer_stats = to_peer_batch(arrived, prompt_ids, self.retokenize)
             peers, rationalized = self.rationalize(batch, peers)
             peer_stats.update(peer_guided=guided, peer_recalled=recalled, **rationalized)
-        plan = self.sharing.plan(batch, peers, capability=self._capability(), verify=self._verifier(batch))
-        return published, plan, peer_stats
+        return published, self.learner.plan(batch, peers), peer_stats
 
     def rationalize(self, batch: StepBatch, peers: PeerBatch) -> tuple[PeerBatch, dict[str, int]]:
         """SGT with sharing.sgt.rationalize = n: the rescuable prompts' peer successes replaced by this policy's
