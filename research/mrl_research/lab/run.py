@@ -9,7 +9,8 @@ One run (point, mode, seed), both policies in the same mode, T steps; step t as 
                                                                 (its behaviour log-probs, its policy_stats)
     peers_k       = to_peer_batch(arrive(published_j), THL)     only for modes that take peers' experience
     plan_k        = mode.plan(batch_k, peers_k, capability=P̂_k, verify=k's own verifier)
-    update        = mrl_trainer.update.update(...)              the trainer's own update, on the tiny policy
+    update        = Learner.learn(batch_k, plan_k)              the trainer's own plan and update (mrl_trainer.
+                                                                learner), on the tiny policy
 
 Measured per policy:
 
@@ -25,9 +26,6 @@ Measured per policy:
     grad_rel_var  tr Cov[ĝ] / ‖ḡ‖² (noise-to-signal), averaged the same way
     stats         every statistic the mode logs (plan.stats, summarize, the trainer's thl_*): the step sum
                   over the run for the mode's `cumulative` ones (e.g. sgt_rescued), else the mean over steps
-    xgrpo shift   XGRPO only (the testbed's measure, not a mode stat): mean over prompts with peer stats of
-                  |mean(pool) − mean(own)|, how far the pooled scalar baseline moves (signed, the two policies'
-                  shifts cancel: with equal G, mean(pool) is halfway between the two group means)
 
 Competence (Profile): a share `gap` of the C contexts is complementary (half strong for a only, half
 for b only), the rest half strong for both, half weak for both; a writes answers plain, b plain with
@@ -53,10 +51,11 @@ from mrl_launcher.variants import UNGUARDED, variant_settings
 from mrl_tokenizer_align.catalog import cached_paths
 from mrl_tokenizer_align.vocab import load_vocab
 from mrl_trainer.config import LossConfig, apply_overrides
-from mrl_trainer.experience import StepBatch, capability
-from mrl_trainer.update import gradient, update
+from mrl_trainer.experience import StepBatch
+from mrl_trainer.learner import Learner
 from mrl_trainer.peers import Retokenizer
-from mrl_trainer.sharing import PeerBatch, Verifier, make_sharing, sharing_config
+from mrl_trainer.sharing import PeerBatch, make_sharing, sharing_config
+from mrl_trainer.update import gradient
 
 __all__ = ["POLICIES", "profiles", "mode_config", "run_one", "run_points", "tuned_learning_rates", "team_final"]
 
@@ -119,6 +118,14 @@ class _Policy:
     inbox: AsyncInbox | None = None            # async coupling: the peer's experience, kept across steps
     alone: bool = False                        # a `-alone` control: takes no peer experience
     solved: set = field(default_factory=set)   # async: prompts own samples solved (guidance prefers others)
+    learner: Learner | None = None             # its books are the policy's batch_rewards and rollouts_total
+
+
+@dataclass
+class _Books:
+    """A probe's books: a copy of the policy's, so that the probes never touch the run's."""
+    batch_rewards: list
+    rollouts_total: int
 
 
 def _rollout(model: TabularPolicy, problems, group_size: int, generator, step: int) -> StepBatch:
@@ -180,19 +187,6 @@ def _receive(k: _Policy, batch: StepBatch, experiences: list, t: int, max_stalen
                    max_staleness=max_staleness, retokenize=Retokenizer(k.tokenizer_id, _aligner()))
 
 
-def _plan(k: _Policy, batch: StepBatch, peers: PeerBatch, batch_rewards: list, window: int):
-    """The receiver's mode's plan, as Trainer.step."""
-    return k.sharing.plan(batch, peers, capability=capability(batch_rewards, window), verify=Verifier(batch, reward))
-
-
-def _baseline_shift(batch: StepBatch, peers: PeerBatch) -> dict:
-    shifts = [sum(g + peers.group_rewards[p]) / len(g + peers.group_rewards[p]) - sum(g) / len(g)
-              for p, g in enumerate(batch.rewards) if peers.group_rewards.get(p)]
-    if not shifts:
-        return {}
-    return {"xgrpo_baseline_shift_abs": sum(abs(x) for x in shifts) / len(shifts)}
-
-
 def _probe(pols: list, k: int, problems_of, point: Point, settings: Settings, loss: LossConfig, t: int, seed: int,
            window: int, max_staleness: int) -> dict:
     """tr Cov and ‖mean‖² of policy k's update gradient over R fresh batches at its current parameters. Each
@@ -204,13 +198,14 @@ def _probe(pols: list, k: int, problems_of, point: Point, settings: Settings, lo
     for r in range(settings.probes):
         me = copy.copy(pols[k])
         me.sharing = copy.deepcopy(me.sharing)
+        learner = replace(me.learner, sharing=me.sharing, books=_Books(list(me.batch_rewards), me.rollouts_total))
         problems = problems_of(t * 1_000 + 500 + r)
         batch = _rollout(me.model, problems, point.group_size, gen, t)
-        rewards = me.batch_rewards + [sum(map(sum, batch.rewards)) / (len(problems) * point.group_size)]
+        learner.note(batch)
         experiences = _published(peer, batch, problems, point, t, gen, window, fresh=True) \
             if me.sharing.kinds and not me.alone else []
         peers, _ = _receive(me, batch, experiences, t, max_staleness)
-        plan = _plan(me, batch, peers, rewards, window)
+        plan = learner.plan(batch, peers)
         grads.append(gradient(me.model.completion_logprobs, list(me.model.parameters()), me.sharing, loss, batch,
                               plan, max_tokens=settings.max_new_tokens))
     G = torch.stack(grads)
@@ -235,9 +230,8 @@ ALONE = "-alone"
 def _suffixes(spec: str) -> tuple[str, bool, bool]:
     """A spec without its suffixes, in either order, and which it had: (body, `-unguarded`, `-alone`).
     `-alone` (`hacpo-alone`): the mode as configured, its guard included, with no peer experience (both policies
-    publish and receive nothing), the control that tells the mode's sharing from the rest of its update. Guarded
-    HACPO alone is GRPO plus the trusted part of GSPO's difference from it; `hacpo-unguarded-alone` is GSPO
-    alone."""
+    publish and receive nothing), the control that tells the mode's sharing from the rest of its update (every
+    mode's own loss is the trainer's, so each is solo alone)."""
     found = {UNGUARDED: False, ALONE: False}
     while suffix := next((s for s in found if spec.endswith(s) and not found[s]), None):
         spec, found[suffix] = spec[:-len(suffix)], True
@@ -260,24 +254,16 @@ def mode_config(spec: str, **common):
         raise FailedPrecondition(f"{spec!r} is not a valid {mode} variant: {message} (at {where})") from exc
 
 
-def _step(k: _Policy, batch: StepBatch, window: int) -> None:
-    """A policy's books after sampling a batch: its recent batch rewards, rollouts, the version history."""
-    n = sum(map(len, batch.rewards))
-    k.batch_rewards = (k.batch_rewards + [sum(map(sum, batch.rewards)) / n])[-window:]
-    k.rollouts_total += n
+def _step(k: _Policy, batch: StepBatch) -> None:
+    """A policy's books after sampling a batch (mrl_trainer.learner), and its version history."""
+    k.learner.note(batch)
     k.history.append((batch.step, _snapshot(k.model), list(k.batch_rewards)))
 
 
-def _learn(k: _Policy, batch: StepBatch, peers: PeerBatch, peer_stats: dict, cfg, loss: LossConfig,
-           settings: Settings, window: int) -> dict:
-    """The receiver's plan and update, as Trainer.step; the step's record."""
-    plan = _plan(k, batch, peers, k.batch_rewards, window)
-    stats = update(k.model.completion_logprobs, list(k.model.parameters()), k.optimizer, k.sharing, loss,
-                   batch, plan, max_tokens=settings.max_new_tokens)
-    record = {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
-    if cfg.mode == "xgrpo":
-        record.update(_baseline_shift(batch, peers))
-    return record
+def _learn(k: _Policy, batch: StepBatch, peers: PeerBatch, peer_stats: dict) -> dict:
+    """The receiver's plan and update through its Learner, the trainer's own; the step's record."""
+    stats = k.learner.learn(batch, k.learner.plan(batch, peers))
+    return {"reward_mean": k.batch_rewards[-1], **peer_stats, **stats}
 
 
 def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit, loss: LossConfig, window: int,
@@ -301,12 +287,12 @@ def _run_lockstep(pols: list, cfg, point: Point, settings: Settings, bandit: Ban
         problems = problems_of(t)
         batches = [_rollout(k.model, problems, point.group_size, k.generator, t) for k in pols]
         for k, batch in zip(pols, batches):
-            _step(k, batch, window)
+            _step(k, batch)
         published = [_published(k, b, problems, point, t, peer_gen, window) if cfg.mode != "none" and not k.alone
                      else [] for k, b in zip(pols, batches)]
         for i, k in enumerate(pols):
             peers, peer_stats = _receive(k, batches[i], published[1 - i], t, cfg.max_staleness)
-            k.records.append(_learn(k, batches[i], peers, peer_stats, cfg, loss, settings, window))
+            k.records.append(_learn(k, batches[i], peers, peer_stats))
     return eval_steps
 
 
@@ -347,7 +333,7 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
             continue
         problems, guided = chosen[i]
         batch = _rollout(k.model, problems, point.group_size, k.generator, t)
-        _step(k, batch, window)
+        _step(k, batch)
         k.solved |= {p.prompt_id for p, rewards in zip(problems, batch.rewards) if max(rewards) >= 1.0}
         if peer.inbox is not None:
             peer.inbox.deliver(publish(batch, policy=k.name, version=t, tokenizer_id=k.tokenizer_id,
@@ -357,7 +343,7 @@ def _run_async(pols: list, cfg, point: Point, settings: Settings, bandit: Bandit
             peers, peer_stats = k.inbox.receive([p.prompt_id for p in problems],
                                                 Retokenizer(k.tokenizer_id, _aligner()))
             peer_stats["peer_guided"] = guided
-        record = _learn(k, batch, peers, peer_stats, cfg, loss, settings, window)
+        record = _learn(k, batch, peers, peer_stats)
         if t < settings.steps:                  # a beyond its measured steps feeds b, and is not measured
             k.records.append(record)
     for k, steps in zip(pols, made):
@@ -376,7 +362,7 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
     bandit = Bandit(settings.contexts, seed)
     loss = LossConfig(lr=settings.lr, micro_batch_tokens=settings.micro_batch_tokens)
     cfg = mode_config(mode, max_staleness=max(1, point.staleness))
-    window = cfg.hacpo.window
+    window = cfg.window
     pols = []
     for k, (name, tid, profile) in enumerate(zip(POLICIES, tokenizer_ids, profiles(point, settings, seed))):
         model = TabularPolicy(vocabs[tid], bandit, profile, seed=seed * 2 + k, noise=settings.noise,
@@ -385,6 +371,9 @@ def run_one(point: Point, settings: Settings, mode: str, seed: int) -> dict:
                                                                 weight_decay=loss.weight_decay),
                             make_sharing(cfg, loss), np.random.default_rng([seed, 17, k]),
                             history=collections.deque(maxlen=point.staleness + 1), alone=_suffixes(mode)[2]))
+        me = pols[-1]
+        me.learner = Learner(me.sharing, model.completion_logprobs, list(model.parameters()), me.optimizer, loss,
+                             books=me, reward=reward, max_tokens=settings.max_new_tokens)
     P, G = settings.prompts_per_step, point.group_size
     if cfg.coupling == "async":
         eval_steps = _run_async(pols, cfg, point, settings, bandit, loss, window)

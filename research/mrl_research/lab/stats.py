@@ -27,7 +27,7 @@ _SKIP = {"loss", "active", "extras", "skipped", "clip_low", "clip_high", "ratio_
 
 def _sharing_keys() -> frozenset:
     from mrl_trainer.sharing import stat_labels
-    return frozenset(stat_labels()) | {"xgrpo_baseline_shift_abs"}
+    return frozenset(stat_labels())
 
 
 SHARING_KEYS = _sharing_keys()   # every statistic a sharing mode or the coordination with peers logs

@@ -5,7 +5,8 @@ Each prompt's own rewards pooled with those its peers published in their `group_
 on-policy support. Without peer stats for a prompt it is GRPO.
 
 Stats: xgrpo_pooled = mean pool size per prompt; xgrpo_uniform = own groups with equal rewards whose
-pooled advantage is not 0 (pushed all one way under "pooled", zeroed under "zero").
+pooled advantage is not 0 (pushed all one way under "pooled", zeroed under "zero"); xgrpo_baseline_shift_abs =
+mean over the prompts with peer rewards of |mean(pool) − mean(own)|, how far the pooled baseline moves.
 """
 import torch
 from pydantic import Field
@@ -28,7 +29,8 @@ class XGRPO(SharingMode):
     kinds = ("group_stats",)
     Config = XGRPOConfig
     stats = {"xgrpo_pooled": "rewards in XGRPO pooled baseline",
-             "xgrpo_uniform": "XGRPO own groups of equal rewards moved by the pool"}
+             "xgrpo_uniform": "XGRPO own groups of equal rewards moved by the pool",
+             "xgrpo_baseline_shift_abs": "XGRPO |pooled − own| baseline"}
     figures = {"exchange": ("xgrpo_pooled",)}
     guard_initial_trust = 0.0   # its peer term is a baseline shift, no direction in expectation: trust is earned
 
@@ -41,5 +43,9 @@ class XGRPO(SharingMode):
             uniform += moved
         advantages = torch.cat(advantages) if advantages else torch.zeros(0)
         pooled = sum(len(g) + len(peers.group_rewards.get(p, [])) for p, g in enumerate(batch.rewards))
-        return Plan(advantages, totals=self.own_totals(batch),
-                    stats={"xgrpo_pooled": pooled / max(len(batch.rewards), 1), "xgrpo_uniform": uniform})
+        stats = {"xgrpo_pooled": pooled / max(len(batch.rewards), 1), "xgrpo_uniform": uniform}
+        shifts = [sum(g + peers.group_rewards[p]) / len(g + peers.group_rewards[p]) - sum(g) / len(g)
+                  for p, g in enumerate(batch.rewards) if peers.group_rewards.get(p)]
+        if shifts:
+            stats["xgrpo_baseline_shift_abs"] = sum(abs(x) for x in shifts) / len(shifts)
+        return Plan(advantages, totals=self.own_totals(batch), stats=stats)
