@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from helpers import tiny_config
@@ -111,10 +112,7 @@ def test_config_union_accepts_the_mode(mode):
     config = sharing_config(mode=mode.name)
     assert config.mode == mode.name
     sections = {m.name for m in MODES if m.Config.model_fields}
-    assert sections <= set(type(config).model_fields)              # every mode's knobs, whatever the mode
-    # a trainer config carrying every section validates under this mode (`--set sharing.mode=...`)
-    every = sharing_config(mode=mode.name, **{name: {} for name in sections})
-    assert every.mode == mode.name
+    assert sections & set(type(config).model_fields) == ({mode.name} & sections)   # its own knobs only
 
 
 def test_config_union_refuses_an_unknown_mode_and_defaults_to_none(tmp_path):
@@ -178,3 +176,23 @@ def test_a_peer_response_that_thl_ends_with_a_mapped_end_of_sequence_ends_with_t
     assert ids[0] == as_mapped[0][:-1] + [smollm2.eos_id]
     assert ids[1][-1] != smollm2.eos_id                  # a response cut before its end gets none
     assert ids[2] == [5, smollm2.specials["<|endoftext|>"]]   # a peer with this policy's tokenizer: as it wrote it
+
+
+def test_a_modes_config_takes_its_own_knobs_only_and_says_which_section_is_wrong():
+    from pydantic import ValidationError
+    assert sharing_config(mode="sgt", sgt={"lam": 0.2}).sgt.lam == 0.2
+    with pytest.raises(ValidationError, match="sharing.sgt sets the knobs of mode 'sgt', but sharing.mode is 'xgrpo'"):
+        sharing_config(mode="xgrpo", sgt={"lam": 0.2})
+    assert not hasattr(sharing_config(mode="xgrpo"), "sgt")
+
+
+def test_an_override_of_the_mode_drops_the_other_modes_knobs(tmp_path):
+    """A compared arm changes a config's mode: the knobs of the mode it had no longer apply."""
+    from mrl_trainer.config import load_config
+    base = load_config(pathlib.Path(__file__).parents[2] / "examples/policy-a.yaml").model_dump(mode="json")
+    base["sharing"] = {"mode": "sgt", "sgt": {"lam": 0.2}}
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(base))
+    assert load_config(path).sharing.sgt.lam == 0.2
+    switched = load_config(path, {"sharing.mode": "xgrpo"}).sharing
+    assert switched.mode == "xgrpo" and not hasattr(switched, "sgt")

@@ -128,7 +128,7 @@ class Subscription:
         finally:
             self.exchange.close_session(self)
             # shielded: gRPC may cancel the ending call again while this runs, which would leave the
-            # consumer behind until another subscription's sweep (seen in a test, about 1 run in 6)
+            # consumer behind until another subscription's sweep
             await asyncio.shield(self._forget_consumer())
 
     async def _latest_start(self) -> str:

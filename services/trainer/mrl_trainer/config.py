@@ -26,7 +26,7 @@ from mrl.algorithms import Aggregation, ImportanceLevel
 from mrl_trainer.policy import ModelSpec
 from mrl_trainer.section import Section
 from mrl_trainer.sft import WarmStartConfig
-from mrl_trainer.sharing import SharingConfig, sharing_config
+from mrl_trainer.sharing import SharingConfig, mode_sections, sharing_config
 from mrl_trainer.tasks import TaskSpec
 
 __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
@@ -179,7 +179,10 @@ def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> Trai
 
 def apply_overrides(raw: dict, overrides: dict | None) -> dict:
     """`raw` with each dotted override set in place (`sharing.guard.enabled: False` → raw["sharing"]["guard"]
-    ["enabled"]), sections made where absent or null; TrainerError where a path runs through a value."""
+    ["enabled"]), sections made where absent or null; TrainerError where a path runs through a value. An override
+    of sharing.mode drops the other modes' knobs sections (sharing.mode_sections)."""
+    if "sharing.mode" in (overrides or {}) and isinstance(raw.get("sharing"), dict):
+        raw["sharing"] = mode_sections(raw["sharing"], overrides["sharing.mode"])
     for dotted, value in (overrides or {}).items():
         *parents, leaf = dotted.split(".")
         node = raw

@@ -23,7 +23,7 @@ report are built from that registry. Adding a mode is one module and one line in
 """
 from typing import Annotated, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter, create_model
+from pydantic import Discriminator, Field, Tag, TypeAdapter, create_model, model_validator
 
 from mrl_trainer.guard import Guard, GuardConfig
 from mrl_trainer.section import Section
@@ -35,7 +35,7 @@ from mrl_trainer.sharing.prp import PRP
 from mrl_trainer.sharing.sgt import SGT
 from mrl_trainer.sharing.xgrpo import XGRPO
 
-__all__ = ["MODES", "SHARING_MODES", "COMMON_FIELDS", "SharingConfig", "sharing_config", "AlignConfig", "Coordination",
+__all__ = ["MODES", "SHARING_MODES", "COMMON_FIELDS", "mode_sections", "SharingConfig", "sharing_config", "AlignConfig", "Coordination",
            "STAT_SOURCES", "stat_labels", "make_sharing", "Extra", "PeerBatch", "PeerSample", "Plan", "SharingMode",
            "Verifier"]
 
@@ -104,16 +104,35 @@ class _Sharing(Section):
     align: AlignConfig | None = Field(None, description="THL, to retokenize peers whose tokenizer differs.")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The no-harm guard (on by default).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_knobs_only(cls, value):
+        """Another mode's knobs section is a mistake the config would otherwise hide: say which."""
+        if isinstance(value, dict):
+            mode = value.get("mode", "none")
+            others = [k for k in value if k in SHARING_MODES and k != mode]
+            if others:
+                raise ValueError(f"sharing.{others[0]} sets the knobs of mode {others[0]!r}, but sharing.mode is "
+                                 f"{mode!r}: remove the section or change the mode")
+        return value
+
 
 COMMON_FIELDS: frozenset[str] = frozenset(_Sharing.model_fields) - {"mode"}   # the fields of every mode's `sharing:`
 
 
 def _member(mode: type[SharingMode]) -> type[_Sharing]:
-    """`sharing:` in this mode: the common fields, `mode: <name>`, and the knobs section of EVERY mode that has
-    knobs (`prp:`, `sgt:`, `hacpo:`), so that a config keeps validating when only its `mode` is changed."""
-    sections = {m.name: (m.Config, m.Config()) for m in MODES if m.Config.model_fields}
+    """`sharing:` in this mode: the common fields, `mode: <name>`, and the mode's own knobs section (`sgt:` …)
+    when it has knobs; another mode's section is an error (mode_sections drops them where an override changes
+    the mode)."""
+    own = {mode.name: (mode.Config, mode.Config())} if mode.Config.model_fields else {}
     return create_model(f"SharingConfig[{mode.name}]", __base__=_Sharing, __doc__=f"sharing: {mode.title}",
-                        mode=(Literal[mode.name], Field(mode.name, description=mode.title)), **sections)
+                        mode=(Literal[mode.name], Field(mode.name, description=mode.title)), **own)
+
+
+def mode_sections(sharing: dict, mode: str) -> dict:
+    """A `sharing:` mapping whose mode is being set to `mode` (an override, a compared arm), without the knobs
+    sections of the other modes, which no longer apply."""
+    return {k: v for k, v in sharing.items() if k == mode or k not in SHARING_MODES}
 
 
 def _mode_of(value) -> str | None:
