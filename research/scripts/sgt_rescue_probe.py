@@ -154,7 +154,7 @@ def main() -> None:
     result = {form: arm(form, args, overrides) for form in args.arms.split(",")}
     summary = {form: {"accuracy": [r["accuracy"] for r in rows], "truncated": [r["truncated"] for r in rows]}
                for form, rows in result.items()}
-    print(json.dumps({"steps": args.steps, "rescues": args.rescues, "seed": args.seed, "remember": args.remember,
+    print(json.dumps({"steps": args.steps, "rescues": args.rescues, "seed": args.seed,
                       "set": overrides,
                       **summary}))
 

@@ -111,9 +111,9 @@ def _fake_runs(monkeypatch) -> dict:
 def test_an_arm_may_be_a_variant_of_a_mode(monkeypatch, tmp_path):
     """`sgt:rationalize=8`: its settings go over --set's; its folder and run id are its slug, its name the spec."""
     from mrl_launcher.variants import variant_settings, variant_slug
-    assert variant_settings("sgt:rationalize=8:normalize=prompts:guard.memory=4:coupling=async-unguarded") == {
+    assert variant_settings("sgt:rationalize=8:normalize=prompts:guard.max_ratio=4:coupling=async-unguarded") == {
         "sharing.mode": "sgt", "sharing.sgt.rationalize": 8, "sharing.sgt.normalize": "prompts",
-        "sharing.guard.memory": 4, "sharing.coupling": "async", "sharing.guard.enabled": False}
+        "sharing.guard.max_ratio": 4, "sharing.coupling": "async", "sharing.guard.enabled": False}
     assert variant_slug("sgt:rationalize=8") == "sgt-rationalize-8"
     started = _fake_runs(monkeypatch)
     result = experiment.run_compare(EXAMPLES / "compare-addition.yaml", ["none", "sgt:rationalize=8"], [3],

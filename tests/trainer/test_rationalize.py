@@ -128,7 +128,6 @@ def test_the_trainer_samples_its_rewrites_with_its_own_model(tmp_path):
         for n, expected in ((0, None), (2, {"sgt_rationalized": 0, "sgt_unrationalized": 2,
                                                  "sgt_rationalized_truncated": 0})):
             trainer.sharing = make_sharing(sharing_config(mode="sgt", sgt={"rationalize": n}), trainer.cfg.loss)
-            trainer.cfg.sharing.sgt.rationalize = n
             out, stats = trainer.rationalize(batch, peers)
             if expected is None:
                 assert (out, stats) == (peers, {})

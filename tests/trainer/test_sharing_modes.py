@@ -507,7 +507,7 @@ def _random_rows(lengths, seed):
     ("prp", "token-mean"), ("prp", "seq-mean-token-mean"), ("prp", "seq-mean-token-sum-norm"),
     ("sgt", "token-mean"), ("hacpo", "seq-mean-token-mean"), ("hacpo", "token-mean")])
 def test_extra_loss_over_two_halves_equals_one_call(name, aggregation):
-    m = mode(name, LossConfig(aggregation=aggregation), prp={"c": 1.2})
+    m = mode(name, LossConfig(aggregation=aggregation), **({"prp": {"c": 1.2}} if name == "prp" else {}))
     batch = make_batch([[0, 0, 0], [1, 0, 0], [0, 0, 0]])
     lengths = [3, 1, 4, 2, 5]
     if name == "sgt":

@@ -180,9 +180,8 @@ def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> Trai
 def apply_overrides(raw: dict, overrides: dict | None) -> dict:
     """`raw` with each dotted override set in place (`sharing.guard.enabled: False` → raw["sharing"]["guard"]
     ["enabled"]), sections made where absent or null; TrainerError where a path runs through a value. An override
-    of sharing.mode drops the other modes' knobs sections (sharing.mode_sections)."""
-    if "sharing.mode" in (overrides or {}) and isinstance(raw.get("sharing"), dict):
-        raw["sharing"] = mode_sections(raw["sharing"], overrides["sharing.mode"])
+    of sharing.mode then drops the other modes' knobs sections, the file's and the overrides' (sharing.mode_sections):
+    a compared arm's mode takes the knobs of its own mode only."""
     for dotted, value in (overrides or {}).items():
         *parents, leaf = dotted.split(".")
         node = raw
@@ -194,4 +193,6 @@ def apply_overrides(raw: dict, overrides: dict | None) -> dict:
                                    f"(it holds {node[p]!r})")
             node = node[p]
         node[leaf] = value
+    if "sharing.mode" in (overrides or {}) and isinstance(raw.get("sharing"), dict):
+        raw["sharing"] = mode_sections(raw["sharing"], overrides["sharing.mode"])
     return raw
