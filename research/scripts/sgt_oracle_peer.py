@@ -68,7 +68,7 @@ def run(seed: int, arm: str, out: str, overrides: dict) -> str:
     from mrl_tokenizer_align.vocab import load_vocab
     from mrl_trainer.config import load_config
     from mrl_trainer.peers import Retokenizer
-    from mrl_trainer.sharing import make_sharing, sharing_config
+    from mrl_trainer.sharing import make_sharing, mode_sections, sharing_config
     from mrl_trainer.trainer import build_trainer
 
     folder = pathlib.Path(out) / f"s{seed}" / arm
@@ -79,13 +79,15 @@ def run(seed: int, arm: str, out: str, overrides: dict) -> str:
         return str(metrics)
     metrics.unlink(missing_ok=True)       # a run cut short starts again from nothing
     folder.mkdir(parents=True, exist_ok=True)
+    mode = arm.split("-")[0]
     config = load_config(ROOT / "examples" / "policy-a.yaml", {
         **SETTINGS, **overrides, "seed": seed, "checkpoint.dir": str(folder / "checkpoints"),
-        "metrics.jsonl": str(metrics)})
-    trainer = build_trainer(config)
-    mode = arm.split("-")[0]
+        "metrics.jsonl": str(metrics), "sharing.mode": mode})
+    # built solo (no exchange: the oracle below is its peer), then given the arm's mode, its knobs as configured
+    trainer = build_trainer(config.model_copy(update={"sharing": sharing_config(
+        **{**mode_sections(config.sharing.model_dump(), "none"), "mode": "none"})}))
     if mode != "none":
-        trainer.sharing = make_sharing(sharing_config(**{**config.sharing.model_dump(), "mode": mode}), config.loss)
+        trainer.sharing = make_sharing(config.sharing, config.loss)
         paths = cached_paths()
         vocabs = {t: load_vocab(t, paths[t]) for t in ("gpt2", "smollm2")}
         trainer.inbox = OraclePeer(trainer.task, vocabs["gpt2"])

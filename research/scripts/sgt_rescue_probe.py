@@ -45,7 +45,7 @@ from mrl_trainer.peers import Retokenizer
 from mrl_trainer.policy import prompt_ids
 from mrl_trainer.rationalize import hinted
 from mrl_trainer.rollout.base import SamplingParams
-from mrl_trainer.sharing import make_sharing, sharing_config
+from mrl_trainer.sharing import make_sharing, mode_sections, sharing_config
 from mrl_trainer.sharing.base import PeerBatch, PeerSample
 from mrl_trainer.trainer import build_trainer
 
@@ -95,9 +95,11 @@ def arm(form: str, args, overrides: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(ROOT / "examples" / "policy-a.yaml", {
             **TASK, **overrides, "seed": args.seed, "checkpoint.dir": tmp, "checkpoint.resume": False,
-            "metrics.jsonl": f"{tmp}/metrics.jsonl", "scheduler": None, "sharing.mode": "none"})
-        trainer = build_trainer(config)
-        trainer.sharing = make_sharing(sharing_config(**{**config.sharing.model_dump(), "mode": "sgt"}), config.loss)
+            "metrics.jsonl": f"{tmp}/metrics.jsonl", "scheduler": None, "sharing.mode": "sgt"})
+        # built solo (no exchange to take peers from), then given the arm's SGT, its knobs as configured
+        trainer = build_trainer(config.model_copy(update={"sharing": sharing_config(
+            **{**mode_sections(config.sharing.model_dump(), "none"), "mode": "none"})}))
+        trainer.sharing = make_sharing(config.sharing, config.loss)
         paths = cached_paths()
         vocabs = {t: load_vocab(t, paths[t]) for t in ("gpt2", "smollm2")}
         # the trainer's Retokenizer over THL's core; peer: THL's end as mapped, as before end_id existed

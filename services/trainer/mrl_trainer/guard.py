@@ -110,12 +110,13 @@ class Guard:
     def combine(self, params: list[torch.Tensor], solo: list[torch.Tensor | None], ranks: Ranks = Ranks(),
                 gather: bool = True) -> dict[str, float]:
         """p.grad ← g_s + w·d⊥, where p.grad holds the peer term d (None: 0) and `solo` g_s (None: 0), which is
-        consumed: its buffers hold r afterwards. The evidence: agreement cos(d, g_s) and hindsight cos(last
+        consumed: its buffers hold r afterwards (a parameter with neither keeps p.grad None, as solo leaves it). The evidence: agreement cos(d, g_s) and hindsight cos(last
         step's r, g_s) (nan without them), projected (0 or 1), capped (with κ: 1 when w < τ) and idle (g_s = 0
         and nothing of d passed: the combination is exactly 0). `gather`: r joins the step's direction, the next
         step's hindsight (False: a combination that is not a step's, as mrl_trainer.update.gradient's). Under
         FSDP each rank holds its shards: the inner products are summed over the ranks, and each p.grad keeps its
         own storage."""
+        none = [s is None and p.grad is None for s, p in zip(solo, params)]    # no gradient: left without one
         g_s = [local(s) if s is not None else torch.zeros_like(local(p)) for s, p in zip(solo, params)]
         d = [local(p.grad) if p.grad is not None else torch.zeros_like(g) for p, g in zip(params, g_s)]
         pairs = [(d, g_s), (g_s, g_s), (d, d)] + ([(self.previous, g_s)] if self.previous is not None else [])
@@ -126,7 +127,9 @@ class Guard:
             peer = math.sqrt(max(dd - 2 * c * dot + c * c * ss, 0.0))   # ‖d⊥‖
             w = min(w, self.config.max_ratio * math.sqrt(ss) / peer) if peer > 0 else w
         k = (dot - c * ss) / ss if ss > 0 else 0.0                   # ⟨d⊥, g_s⟩ / ‖g_s‖²
-        for p, gp, dp in zip(params, g_s, d):
+        for p, gp, dp, empty in zip(params, g_s, d, none):
+            if empty:                                                # g = r = 0, and AdamW skips p as solo's
+                continue
             if c:
                 dp.sub_(gp, alpha=c)
             combined = torch.add(gp, dp, alpha=w)                    # g = g_s + w·d⊥

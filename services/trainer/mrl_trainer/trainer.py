@@ -225,12 +225,11 @@ class Trainer:
             raise TrainerError(str(exc)) from exc
         self.state = state or TrainState()
         self.metrics = metrics
-        pad, temperature = tokenizer.pad_token_id, config.rollout.temperature
-
         def logprobs(policy):
             def forward(prompts, completions):
                 with self.autocast():
-                    return completion_logprobs(policy, prompts, completions, pad, temperature)
+                    return completion_logprobs(policy, prompts, completions, self.tokenizer.pad_token_id,
+                                               self.cfg.rollout.temperature)
             return forward
         self.learner = Learner(sharing, logprobs(model), self.params, optimizer, config.loss, self.state,
                                reward=lambda problem, text: self._verify(problem, text)[0],

@@ -20,6 +20,10 @@ gradients accumulate to its gradient. A mini-batch with nothing to forward takes
 move the weights by its momentum and weight decay); guarded, neither does one where solo forwards nothing and
 nothing of d passed, so that at τ = 0 a guarded mode steps exactly as solo.
 
+Statistics (the last pass's): loss, grad_norm, active (the share of own samples forwarded), extras, updates, the
+plan's, the own loss's (clip fractions, ratio, KL: under a guard the solo loss's, the one g_s comes from), the extras'
+(SharingMode.summarize), the guard's, and seconds per part (TIMINGS).
+
 Under torchrun (`ranks`, mrl_trainer.distributed) every rank runs this on the whole batch and plan but forwards
 only its deal of each micro-batch; the ranks' gradients sum to the single process's.
 
@@ -212,7 +216,8 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
             else:
                 solo_forwarded = work.backward(own, part, m, scale)
                 solo = _take_gradient(params)
-                work.backward(peer, part, m, scale)
+                if not work.backward(peer, part, m, scale) and not solo_forwarded:
+                    continue                                        # nothing here: no step, no evidence
                 evidence.append(guard.combine(params, solo, ranks))
                 clock.lap("guard")
                 if not solo_forwarded and evidence[-1]["idle"]:     # solo takes no step here: neither does this
@@ -232,8 +237,8 @@ def update(logprobs: LogProbs, params: list[torch.Tensor], optimizer, sharing: S
     if guard is not None:
         stats.update(guard.observe(evidence, ranks))
     stepped = {"grad_norm": float(grad_norm)} if m else {"skipped": 1.0}
-    own_terms = [t for t in own if t.stats == "mean"]
-    active = sum(len(t) for t in own_terms) / max(sum(len(g) for g in batch.samples), 1)
+    forwarded = {key for t in own + peer if t.own for key in t.keys}        # own samples either loss forwards
+    active = len(forwarded) / max(sum(len(g) for g in batch.samples), 1)
     return {**stats, **stepped, "active": active, "extras": len(plan.extras), "updates": m, **plan.stats,
             **dict(zip(TIMINGS, clock.seconds.values()))}
 
