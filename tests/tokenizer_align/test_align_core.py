@@ -1,6 +1,6 @@
 """Hand-checked cases of THL's `align()` (docs/architecture.md) on the real cached tokenizers (`make tokenizers`):
-identity, GPT-2 → Mistral chunks and every trace reduction, EOS mapping, sampled non-canonical ids, a
-generation cut inside a character, a WordPiece target, prompt joining, and the errors of bad input."""
+identity, GPT-2 → Mistral chunks and every trace reduction, Gemma 3's digits, EOS mapping, sampled non-canonical
+ids, a generation cut inside a character, a WordPiece target, prompt joining, and the errors of bad input."""
 import numpy as np
 import pytest
 
@@ -36,7 +36,7 @@ def _id_of(vocab, piece: bytes) -> int:
 
 
 # -- identity ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("tid", ["gpt2", "qwen", "mistral-v1", "smollm2"])
+@pytest.mark.parametrize("tid", ["gpt2", "qwen", "mistral-v1", "smollm2", "gemma3"])
 def test_identical_tokenizer_maps_chunks_one_to_one_and_keeps_traces(vocabs, tid):
     vocab = vocabs[tid]
     ids = vocab.encode(SENTENCE + " Ünïcödé 😀 日本語\n\n  x")
@@ -79,6 +79,30 @@ def test_gpt2_to_mistral_known_sentence(gpt2, mistral):
     assert r.mean_target_tokens_per_chunk == pytest.approx(17 / 11)
     # bytes of 1:1 chunks: The, quick, brown, over, lazy, dogs, "." = 3+6+6+5+5+5+1 of 47
     assert r.one_to_one_byte_share == pytest.approx(31 / 47)
+
+
+def test_gemma3_splits_digits_one_per_token_and_round_trips_through_gpt2(vocabs, gpt2):
+    """Gemma 3's SentencePiece (262k pieces, converted from its GGUF) invents no leading space and spells every
+    digit alone: GPT-2's " 12" is one chunk of Gemma's " ", "1", "2", and the way back gives Gemma's own ids."""
+    gemma3 = vocabs["gemma3"]
+    assert (gemma3.family, gemma3.byte_exact, gemma3.dummy_prefix, gemma3.vocab_size) == (
+        "sentencepiece", True, False, 262144)
+    text = "Hello, world! 12+34=46"
+    ids = gemma3.encode(text)
+    assert _pieces(gemma3, ids) == [b"Hello", b",", b" world", b"!", b" ", b"1", b"2", b"+", b"3", b"4", b"=",
+                                    b"4", b"6"]
+    lp = -np.arange(1, 14) / 8                                           # dyadic: float sums are exact
+    out = align(gemma3, ids, gpt2, [Trace("lp", lp, "sum")])
+    assert out.text == text and out.residual.lossless and out.residual.chunks == 9
+    assert _pieces(gpt2, out.target_ids) == [b"Hello", b",", b" world", b"!", b" 12", b"+", b"34", b"=", b"46"]
+    np.testing.assert_array_equal(out.source_chunk, [0, 1, 2, 3, 4, 4, 4, 5, 6, 6, 7, 8, 8])
+    np.testing.assert_array_equal(out.traces[0].values, [lp[0], lp[1], lp[2], lp[3], lp[4:7].sum(), lp[7],
+                                                         lp[8:10].sum(), lp[10], lp[11:].sum()])
+    np.testing.assert_array_equal(align(gpt2, out.target_ids, gemma3).target_ids, ids)
+    # Gemma's <eos> and its end-of-turn tag both end a sequence: each becomes GPT-2's <|endoftext|>, and back
+    for end in (gemma3.eos_id, gemma3.specials["<end_of_turn>"]):
+        assert align(gemma3, np.append(ids, end), gpt2).target_ids[-1] == gpt2.eos_id
+    assert align(gpt2, np.append(gpt2.encode(text), gpt2.eos_id), gemma3).target_ids[-1] == gemma3.eos_id
 
 
 def test_gpt2_to_mistral_sum_is_conserved_per_chunk_on_its_last_target_token(gpt2, mistral):

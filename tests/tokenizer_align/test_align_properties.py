@@ -1,5 +1,6 @@
 """Properties of THL's `align()` (docs/architecture.md) over arbitrary Unicode text, for every ordered pair of the
-real byte-exact tokenizers (gpt2, qwen, mistral-v1, smollm2) and for the WordPiece one (minilm).
+catalog's real byte-exact tokenizers (gpt2, qwen, mistral-v1, smollm2, gemma3: every catalogued one but WordPiece,
+so a tokenizer added to the catalog is covered) and for the WordPiece one (minilm).
 
 A tokenizer whose vocabulary lacks a byte cannot be byte-exact on a text holding it: SmolLM2 (as
 converted from its GGUF) has no symbol for the bytes 0x04 0x06 0x13 0x14 0x16 0x1D 0xF1 0xF2 (and the
@@ -22,8 +23,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, note, settings, strategies as st
 
 from mrl_tokenizer_align.align import Trace, align
+from mrl_tokenizer_align.catalog import CATALOG
 
-EXACT = ("gpt2", "qwen", "mistral-v1", "smollm2")
+WORDPIECE = ("minilm",)
+EXACT = tuple(t for t in CATALOG if t not in WORDPIECE)
 PAIRS = list(itertools.product(EXACT, EXACT))
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -246,7 +249,8 @@ def test_an_invalid_byte_inside_the_response_never_raises(vocabs, piece_ids, src
 
 
 # -- WordPiece: not byte-exact, never an error ----------------------------------------------------
-WORDPIECE_PAIRS = [(a, "minilm") for a in EXACT] + [("minilm", b) for b in (*EXACT, "minilm")]
+WORDPIECE_PAIRS = ([(a, w) for a in EXACT for w in WORDPIECE]
+                   + [(w, b) for w in WORDPIECE for b in (*EXACT, *WORDPIECE)])
 
 
 @pytest.mark.parametrize("pair", WORDPIECE_PAIRS, ids=[f"{a}->{b}" for a, b in WORDPIECE_PAIRS])

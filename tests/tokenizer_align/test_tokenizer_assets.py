@@ -1,7 +1,7 @@
 """The real tokenizers that scripts/fetch_tokenizers.py caches (`make tokenizers`) load with their own
 libraries and tokenize real text: GPT-2 and Qwen BPE (tiktoken), Mistral v1 SentencePiece BPE with
-byte fallback (sentencepiece), BERT WordPiece (tokenizers) and SmolLM2's GGUF tokenizer converted
-to an HF folder (gguf, tokenizers, transformers)."""
+byte fallback (sentencepiece), BERT WordPiece (tokenizers), and SmolLM2's and Gemma 3's GGUF tokenizers
+converted to HF folders (gguf, tokenizers, transformers); Gemma 3's GGUF is assembled from four chunks."""
 import json
 import pathlib
 import unicodedata
@@ -149,6 +149,35 @@ def test_smollm2_folder_loads_with_transformers_and_renders_the_chat_template(ca
                                                                          "<|im_start|>assistant\n")
     assert tok.encode("Hello, world! 12+34=46", add_special_tokens=False) == smollm2.encode(
         "Hello, world! 12+34=46").ids
+
+
+def test_gemma3_gguf_is_the_pinned_assembly_and_its_tokenizer_splits_digits(cache, manifest):
+    import tokenizers
+
+    entry = manifest["gemma3"]
+    assert entry["files"] == {f"gemma3/{fetcher.GEMMA3_GGUF}": fetcher.GEMMA3_SHA256}
+    assert entry["archives"] == [fetcher.ARCHIVES[r][0] for r in fetcher.GEMMA3_CHUNKS]
+    gemma3 = tokenizers.Tokenizer.from_file(str(cache / "gemma3-tokenizer" / "tokenizer.json"))
+    assert gemma3.get_vocab_size() == manifest["gemma3-tokenizer"]["vocab_size"] == 262144
+    enc = gemma3.encode("Hello, world! 12+34=46", add_special_tokens=False)
+    assert gemma3.decode(enc.ids) == "Hello, world! 12+34=46"
+    assert enc.tokens[-9:] == ["▁", "1", "2", "+", "3", "4", "=", "4", "6"]
+    assert (gemma3.token_to_id("<bos>"), gemma3.token_to_id("<eos>")) == (2, 1)
+
+
+def test_gemma3_chunks_that_assemble_to_another_file_are_refused(tmp_path, monkeypatch):
+    import zipfile
+
+    archives = []
+    for k, member in enumerate(fetcher.GEMMA3_CHUNKS.values()):
+        archives.append(tmp_path / f"part{k}.whl")
+        with zipfile.ZipFile(archives[-1], "w") as zf:
+            zf.writestr(member, f"chunk {k}")
+    with pytest.raises(SystemExit, match="is not the pinned"):
+        fetcher._assemble_gemma3(archives, tmp_path / "gemma3")
+    monkeypatch.setattr(fetcher, "GEMMA3_SHA256", fetcher.hashlib.sha256(b"chunk 0chunk 1chunk 2chunk 3").hexdigest())
+    fetcher._assemble_gemma3(archives, tmp_path / "ok")                 # in order, whole
+    assert (tmp_path / "ok" / fetcher.GEMMA3_GGUF).read_bytes() == b"chunk 0chunk 1chunk 2chunk 3"
 
 
 def _byte_of() -> dict[str, int]:

@@ -34,7 +34,7 @@ from mrl_tokenizer_align.vocab import GPT2_PATTERN, load_vocab
 __all__ = ["main", "PAIRS", "TARGET", "make_text"]
 
 PAIRS = [("gpt2", "qwen"), ("qwen", "mistral-v1"), ("mistral-v1", "smollm2"), ("smollm2", "gpt2"),
-         ("gpt2", "minilm")]
+         ("gpt2", "minilm"), ("smollm2", "gemma3"), ("gemma3", "smollm2")]
 TARGET = 0.67
 MIN_TOKENS, MAX_TOKENS = 100, 2000
 

@@ -6,6 +6,8 @@
     mistral-v1   mistral-v1.model                SentencePiece BPE with byte fallback (mistral-common)
     minilm       minilm/                         BERT WordPiece, lowercasing: not byte-exact
     smollm2      smollm2-tokenizer/              byte-level BPE (SmolLM2, converted from its GGUF)
+    gemma3       gemma3-tokenizer/               SentencePiece BPE with byte fallback, 262k pieces, digits split
+                                                 (Gemma 3, converted from its GGUF)
 
 The cache is `MRL_TOKENIZER_CACHE`, or ~/.cache/mrl/tokenizers.
 """
@@ -21,6 +23,7 @@ CATALOG = {
     "mistral-v1": "mistral-v1.model",
     "minilm": "minilm",
     "smollm2": "smollm2-tokenizer",
+    "gemma3": "gemma3-tokenizer",
 }
 
 
