@@ -73,7 +73,8 @@ class _Requests:
         return xpb.PublishRequest(experiences=batch)
 
     def subscribe(self, run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
-                  min_policy_version, max_version_lag, visibility_timeout_s) -> xpb.SubscribeRequest:
+                  min_policy_version, max_version_lag, visibility_timeout_s,
+                  lag_exempt_kinds=()) -> xpb.SubscribeRequest:
         """The request, stating the channel's receive limit as max_response_bytes."""
         if start not in _START:
             raise errors.InvalidArgument(f"start {start!r} must be one of {', '.join(_START)}")
@@ -84,6 +85,7 @@ class _Requests:
             max_response_bytes=self.max_response_bytes)
         if max_version_lag is not None:
             req.max_version_lag = max_version_lag
+        req.lag_exempt_kinds.extend(experience.kind_enum(k) for k in lag_exempt_kinds)
         return req
 
     def get_successes(self, run_id, subscriber, prompt_ids, producers, max_per_prompt) -> xpb.GetSuccessesRequest:
@@ -146,10 +148,13 @@ class ExchangeClient(BlockingClient):
     def subscribe(self, run_id: str, subscriber: str, kinds: Iterable[str] = (), producers: Iterable[str] = (),
                   *, include_own: bool = False, start: str = "latest", max_in_flight: int = 64,
                   min_policy_version: int = 0, max_version_lag: int | None = None,
-                  visibility_timeout_s: float = 0.0, reconnect: Backoff | None = None):
-        """Iterate deliveries forever (reconnecting with backoff); break out, or call `.close()`."""
+                  visibility_timeout_s: float = 0.0, reconnect: Backoff | None = None,
+                  lag_exempt_kinds: Iterable[str] = ()):
+        """Iterate deliveries forever (reconnecting with backoff); break out, or call `.close()`. The exchange drops
+        what is older than min_policy_version, or max_version_lag behind its producer's latest version (but for
+        lag_exempt_kinds)."""
         req = self._req.subscribe(run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
-                                  min_policy_version, max_version_lag, visibility_timeout_s)
+                                  min_policy_version, max_version_lag, visibility_timeout_s, lag_exempt_kinds)
         return Subscription(self, req, reconnect or Backoff(attempts=None))
 
 
@@ -259,10 +264,11 @@ class AsyncExchangeClient:
     async def subscribe(self, run_id: str, subscriber: str, kinds: Iterable[str] = (),
                         producers: Iterable[str] = (), *, include_own: bool = False, start: str = "latest",
                         max_in_flight: int = 64, min_policy_version: int = 0, max_version_lag: int | None = None,
-                        visibility_timeout_s: float = 0.0, reconnect: Backoff | None = None):
+                        visibility_timeout_s: float = 0.0, reconnect: Backoff | None = None,
+                        lag_exempt_kinds: Iterable[str] = ()):
         """Async-iterate deliveries forever, reconnecting with backoff; each has `await d.ack()`."""
         req = self._req.subscribe(run_id, subscriber, kinds, producers, include_own, start, max_in_flight,
-                                  min_policy_version, max_version_lag, visibility_timeout_s)
+                                  min_policy_version, max_version_lag, visibility_timeout_s, lag_exempt_kinds)
         delays = None
         subscription_id = ""
 

@@ -37,7 +37,12 @@ Two couplings, by global prompt id:
             holds them while they wait. `offered` lists the prompts with
             peer experience, those with a peer success first, for a peer-guided batch.
 
-Both count what they drop (stale, superseded or evicted experiences): Arrived.dropped.
+The bound is the exchange's first: the inbox subscribes with max_version_lag = max_staleness, so experience more
+than max_staleness versions behind its producer's latest (at the exchange) is never delivered (successes under
+async excepted: lag_exempt_kinds); what the exchange dropped shows in its mrl_exchange_stale_dropped counter. The
+index judges, by the same bound, what it holds as the peers move on, and lockstep's floor (own step −
+max_staleness), which the exchange cannot know. Both count what they drop (stale, superseded or evicted
+experiences): Arrived.dropped.
 
 A subscription that ends, or a peer tokenizer with no THL client, raises FailedPrecondition.
 """
@@ -287,7 +292,8 @@ class PeerInbox:
         self._error: Exception | None = None
         self._closing = False
         self._sub = exchange.subscribe(run_id, policy, kinds=self.kinds, producers=self.peers, start="earliest",
-                                       max_in_flight=1024)
+                                       max_in_flight=1024, max_version_lag=max_staleness,
+                                       lag_exempt_kinds=("success",) if coupling == "async" else ())
         self._thread = threading.Thread(target=self._pump, name=f"peers-{policy}", daemon=True)
         self._thread.start()
 

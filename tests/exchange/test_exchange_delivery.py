@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from helpers import Collector, rollout, wait_for
+from helpers import Collector, rollout, success, wait_for
 from mrl_serving.embedded_redis import EmbeddedRedis
 from mrl.exchange_client import ExchangeClient
 
@@ -84,6 +84,20 @@ def test_staleness_bound_drops_old_producer_versions(exchange, run_id, bound, de
         assert stats.latest_policy_version == 10
         # dropped entries were acked, so only the delivered (un-acked) ones stay pending
         assert stats.groups[0].pending == len(delivered_versions)
+
+
+def test_the_version_lag_spares_the_kinds_the_subscriber_judges_itself(exchange, run_id):
+    """lag_exempt_kinds: max_version_lag drops old rollouts but not old successes (an asynchronous receiver keeps
+    verified successes whatever their age); min_policy_version still applies to every kind."""
+    with ExchangeClient(exchange.target) as see:
+        see.publish([rollout(run_id, version=v) for v in (1, 10)] + [success(run_id, version=v) for v in (0, 1, 10)])
+        c = Collector(see.subscribe(run_id, "policy-b", start="earliest", max_version_lag=4, min_policy_version=1,
+                                    lag_exempt_kinds=["success"]))
+        got = c.take(3)
+        assert sorted((d.experience.WhichOneof("payload"), d.experience.policy_version) for d in got) == [
+            ("rollout", 10), ("success", 1), ("success", 10)]
+        assert c.nothing_more(0.7)
+        c.close()
 
 
 def test_exchange_and_redis_restart_keep_undelivered_entries(start_exchange, run_id, tmp_path):

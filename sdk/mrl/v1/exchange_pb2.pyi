@@ -34,7 +34,7 @@ class PublishResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., duplicate_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("run_id", "subscriber", "kinds", "producers", "include_own", "start", "max_in_flight", "min_policy_version", "max_version_lag", "visibility_timeout_ms", "max_response_bytes")
+    __slots__ = ("run_id", "subscriber", "kinds", "producers", "include_own", "start", "max_in_flight", "min_policy_version", "max_version_lag", "visibility_timeout_ms", "max_response_bytes", "lag_exempt_kinds")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class SubscribeRequest(_message.Message):
     MAX_VERSION_LAG_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAG_EXEMPT_KINDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     subscriber: str
     kinds: _containers.RepeatedScalarFieldContainer[_experience_pb2.ExperienceKind]
@@ -57,7 +58,8 @@ class SubscribeRequest(_message.Message):
     max_version_lag: int
     visibility_timeout_ms: int
     max_response_bytes: int
-    def __init__(self, run_id: _Optional[str] = ..., subscriber: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[_experience_pb2.ExperienceKind, str]]] = ..., producers: _Optional[_Iterable[str]] = ..., include_own: _Optional[bool] = ..., start: _Optional[_Union[StartPosition, str]] = ..., max_in_flight: _Optional[int] = ..., min_policy_version: _Optional[int] = ..., max_version_lag: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
+    lag_exempt_kinds: _containers.RepeatedScalarFieldContainer[_experience_pb2.ExperienceKind]
+    def __init__(self, run_id: _Optional[str] = ..., subscriber: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[_experience_pb2.ExperienceKind, str]]] = ..., producers: _Optional[_Iterable[str]] = ..., include_own: _Optional[bool] = ..., start: _Optional[_Union[StartPosition, str]] = ..., max_in_flight: _Optional[int] = ..., min_policy_version: _Optional[int] = ..., max_version_lag: _Optional[int] = ..., visibility_timeout_ms: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., lag_exempt_kinds: _Optional[_Iterable[_Union[_experience_pb2.ExperienceKind, str]]] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("delivery_id", "experience", "redelivered", "appended_at_ms")

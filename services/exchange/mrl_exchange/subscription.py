@@ -10,7 +10,7 @@ name is the subscription id. Invariants:
         delivered with redelivered=true — by this or any other subscription of the policy.
 
 Staleness: an entry of producer p with version v is dropped (acked, never delivered) when
-    v < min_policy_version   or   v < latest_version(p) − max_version_lag.
+    v < min_policy_version   or   v < latest_version(p) − max_version_lag   (not for lag_exempt_kinds).
 
 A delivery counts against the credit until acked or until its visibility timeout passes
 (after which it may be delivered again, so holding its credit longer would only leak it).
@@ -65,6 +65,7 @@ class Subscription:
         self.max_in_flight = request.max_in_flight or s.default_max_in_flight
         self.min_version = request.min_policy_version
         self.max_lag = request.max_version_lag if request.HasField("max_version_lag") else None
+        self.lag_exempt = {experience.kind_name(k) for k in request.lag_exempt_kinds}
         self.visibility_ms = request.visibility_timeout_ms or int(s.visibility_timeout_s * 1000)
         if not _MIN_VISIBILITY_MS <= self.visibility_ms <= _MAX_VISIBILITY_MS:
             raise InvalidArgument(f"visibility_timeout_ms {self.visibility_ms} must be between {_MIN_VISIBILITY_MS} "
@@ -278,7 +279,7 @@ class Subscription:
                 used += 1
                 continue
             payload, version = _payload_and_version(fields)
-            if self._is_stale(producer, version):
+            if self._is_stale(producer, version, kind):
                 used += 1
                 stale.append((key, entry_id))
                 continue
@@ -313,10 +314,10 @@ class Subscription:
             f"or keep experiences under MRL_MAX_EXPERIENCE_BYTES (now {s.max_experience_bytes}). It stays pending "
             f"for a subscription that accepts it.")
 
-    def _is_stale(self, producer: str, version: int) -> bool:
+    def _is_stale(self, producer: str, version: int, kind: str) -> bool:
         if version < self.min_version:
             return True
-        if self.max_lag is not None:
+        if self.max_lag is not None and kind not in self.lag_exempt:
             return version + self.max_lag < self._versions.get(producer, 0)
         return False
 
