@@ -220,7 +220,6 @@ def _convert_smollm2(gguf_dir: pathlib.Path, out: pathlib.Path) -> dict:
     """Convert the GGUF's tokenizer to an HF folder once; the chat template stays in tokenizer_config.json."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import tokenizers
     import transformers
     from transformers import AutoTokenizer
 
@@ -232,41 +231,42 @@ def _convert_smollm2(gguf_dir: pathlib.Path, out: pathlib.Path) -> dict:
     config = json.loads((out / "tokenizer_config.json").read_text())
     if config.get("chat_template") != tok.chat_template:
         raise SystemExit("smollm2-tokenizer: chat template not kept in tokenizer_config.json")
+    fast = _checked("smollm2-tokenizer", tok, out, gguf_tokens(gguf_dir / SMOLLM2_GGUF))
+    return {"source": f"smollm2/{SMOLLM2_GGUF} converted with transformers=={transformers.__version__}",
+            "vocab_size": fast.get_vocab_size(), "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+
+
+def _checked(name: str, tok, out: pathlib.Path, gguf_vocab: list[str]):
+    """The converted folder's fast tokenizer, after checking it: ROUND_TRIP_TEXT round-trips, tokenizers and
+    transformers agree on it, and its vocabulary is the GGUF's tokenizer.ggml.tokens in order. SystemExit else."""
+    import tokenizers
+
     fast = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
     ids = fast.encode(ROUND_TRIP_TEXT, add_special_tokens=False).ids
     if fast.decode(ids) != ROUND_TRIP_TEXT:
-        raise SystemExit(f"smollm2-tokenizer: {ROUND_TRIP_TEXT!r} decodes to {fast.decode(ids)!r}")
+        raise SystemExit(f"{name}: {ROUND_TRIP_TEXT!r} decodes to {fast.decode(ids)!r}")
     if ids != tok.encode(ROUND_TRIP_TEXT, add_special_tokens=False):
-        raise SystemExit("smollm2-tokenizer: tokenizers and transformers disagree")
-    if fast.get_vocab(with_added_tokens=True) != {t: i for i, t in enumerate(gguf_tokens(gguf_dir / SMOLLM2_GGUF))}:
-        raise SystemExit("smollm2-tokenizer: vocabulary differs from the GGUF's tokenizer.ggml.tokens")
-    return {"source": f"smollm2/{SMOLLM2_GGUF} converted with transformers=={transformers.__version__}",
-            "vocab_size": fast.get_vocab_size(), "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+        raise SystemExit(f"{name}: tokenizers and transformers disagree")
+    if fast.get_vocab(with_added_tokens=True) != {t: i for i, t in enumerate(gguf_vocab)}:
+        raise SystemExit(f"{name}: vocabulary differs from the GGUF's tokenizer.ggml.tokens")
+    return fast
 
 
 def _convert_gemma3(gguf_dir: pathlib.Path, out: pathlib.Path) -> dict:
     """Convert the Gemma 3 GGUF's tokenizer (SentencePiece, 262k pieces, digits split) to an HF folder once."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import tokenizers
     import transformers
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=GEMMA3_GGUF)
     tok.save_pretrained(str(out), save_jinja_files=False)
-    fast = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
-    ids = fast.encode(ROUND_TRIP_TEXT, add_special_tokens=False).ids
-    if fast.decode(ids) != ROUND_TRIP_TEXT:
-        raise SystemExit(f"gemma3-tokenizer: {ROUND_TRIP_TEXT!r} decodes to {fast.decode(ids)!r}")
-    if ids != tok.encode(ROUND_TRIP_TEXT, add_special_tokens=False):
-        raise SystemExit("gemma3-tokenizer: tokenizers and transformers disagree")
+    # The GGUF spells runs of spaces with ' ', the HF file (as SentencePiece) with '▁'.
+    fast = _checked("gemma3-tokenizer", tok, out,
+                    [t.replace(" ", "▁") for t in gguf_tokens(gguf_dir / GEMMA3_GGUF)])
     digits = [fast.decode([i]) for i in fast.encode("1234567890", add_special_tokens=False).ids]
     if digits != list("1234567890"):
         raise SystemExit(f"gemma3-tokenizer: digits are not one per token: {digits}")
-    # The GGUF spells runs of spaces with ' ', the HF file (as SentencePiece) with '▁'.
-    tokens = [t.replace(" ", "▁") for t in gguf_tokens(gguf_dir / GEMMA3_GGUF)]
-    if fast.get_vocab(with_added_tokens=True) != {t: i for i, t in enumerate(tokens)}:
-        raise SystemExit("gemma3-tokenizer: vocabulary differs from the GGUF's tokenizer.ggml.tokens")
     return {"source": f"gemma3/{GEMMA3_GGUF} converted with transformers=={transformers.__version__}",
             "vocab_size": fast.get_vocab_size(), "bos_token": tok.bos_token, "eos_token": tok.eos_token}
 
