@@ -225,6 +225,7 @@ class Trainer:
             raise TrainerError(str(exc)) from exc
         self.state = state or TrainState()
         self.metrics = metrics
+
         def logprobs(policy):
             def forward(prompts, completions):
                 with self.autocast():

@@ -110,7 +110,7 @@ class _Sharing(Section):
         """Another mode's knobs section is a mistake the config would otherwise hide: say which."""
         if isinstance(value, dict):
             mode = value.get("mode", "none")
-            others = [k for k in value if k in SHARING_MODES and k != mode]
+            others = [k for k in value if k not in mode_sections(value, mode)]
             if others:
                 raise ValueError(f"sharing.{others[0]} sets the knobs of mode {others[0]!r}, but sharing.mode is "
                                  f"{mode!r}: remove the section or change the mode")
