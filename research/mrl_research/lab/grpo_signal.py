@@ -79,7 +79,7 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
     with tempfile.TemporaryDirectory(prefix="mrl-signal-") as scratch:
         solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
                 "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,
-                "metrics.prometheus_port": None, "metrics.tensorboard": None}
+                "metrics.prometheus_port": None, "tracking.report_to": []}
         config = load_config(config_path, solo)
         lengths = lengths or [config.rollout.max_new_tokens]
         trainer = build_trainer(config)

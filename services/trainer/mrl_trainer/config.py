@@ -8,6 +8,7 @@
     sharing             the sharing mode (none, prp, xgrpo, sgt, hacpo), its peers and their wait
     warm_start          an optional short supervised pass before RL (a policy built from scratch)
     eval, checkpoint, metrics, exchange, scheduler
+    tracking            the experiment trackers every metric also goes to (mrl_trainer.tracking)
 
 `load_config(path)` reads a YAML file; relative paths in it are relative to that file.
 """
@@ -28,9 +29,10 @@ from mrl_trainer.section import Section
 from mrl_trainer.sft import WarmStartConfig
 from mrl_trainer.sharing import SharingConfig, mode_sections, sharing_config
 from mrl_trainer.tasks import TaskSpec
+from mrl_trainer.tracking import TrackingConfig
 
 __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
-           "ExchangeConfig", "SchedulerConfig", "load_config", "apply_overrides"]
+           "ExchangeConfig", "SchedulerConfig", "TrackingConfig", "load_config", "apply_overrides"]
 
 
 class RolloutConfig(Section):
@@ -83,7 +85,6 @@ class CheckpointConfig(Section):
 class MetricsConfig(Section):
     jsonl: str | None = Field(None, description="Per-step metrics file (default: <checkpoint.dir>/metrics.jsonl).")
     prometheus_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0: any).")
-    tensorboard: str | None = Field(None, description="A TensorBoard log dir (needs the tensorboard package).")
     progress: bool = Field(True, description="Show a progress bar.")
 
 
@@ -122,6 +123,7 @@ class TrainerConfig(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
+    tracking: TrackingConfig = TrackingConfig()
     exchange: ExchangeConfig | None = Field(None, description="Publish experience to this exchange (None: solo).")
     sharing: SharingConfig = Field(default_factory=sharing_config)
     warm_start: WarmStartConfig | None = Field(None, description="Supervised warm start before RL (cached).")
@@ -153,7 +155,7 @@ def _resolve(config: dict, base: pathlib.Path) -> dict:
         value = expand(value)
         return value if pathlib.Path(value).is_absolute() else os.path.normpath(base / value)
     for section, keys in {"model": ("path", "tokenizer"), "task": ("path",), "checkpoint": ("dir",),
-                          "metrics": ("jsonl", "tensorboard")}.items():
+                          "metrics": ("jsonl",), "tracking": ("dir",)}.items():
         for key in keys:
             if isinstance(config.get(section), dict) and config[section].get(key):
                 config[section][key] = rel(config[section][key])

@@ -1,9 +1,10 @@
-"""Per-step metrics: one JSON line per step, Prometheus gauges, and optionally TensorBoard.
+"""Per-step metrics: one JSON line per step, Prometheus gauges, and the trackers of `tracking.report_to`.
 
 Every record carries `step`, `policy` and, in the JSONL file, `time` (Unix seconds when it was logged: a
-train record's is the end of its step); numeric fields become gauges `mrl_trainer_<name>`
-labelled by policy (served on `metrics.prometheus_port` when set) and TensorBoard scalars.
-A resumed run appends to the same JSONL file, so a curve spans restarts.
+train record's is the end of its step); its finite numbers become gauges `mrl_trainer_<name>`
+labelled by policy (served on `metrics.prometheus_port` when set) and each tracker's scalars `<kind>/<name>`
+at `step` (train/reward_mean, eval/eval_accuracy: mrl_trainer.tracking). A resumed run appends to the same JSONL
+file, so a curve spans restarts.
 """
 import json
 import math
@@ -13,14 +14,14 @@ import time
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from mrl_trainer.errors import TrainerError
+from mrl_trainer.tracking import Tracker
 
 __all__ = ["MetricsSink", "read_metrics"]
 
 
 class MetricsSink:
     def __init__(self, policy: str, jsonl: str | pathlib.Path, prometheus_port: int | None = None,
-                 tensorboard: str | None = None):
+                 trackers: list[Tracker] = ()):
         self.policy = policy
         self.path = pathlib.Path(jsonl)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,24 +33,20 @@ class MetricsSink:
         if prometheus_port is not None:
             self._server, _ = start_http_server(prometheus_port, addr="127.0.0.1", registry=self.registry)
             self.port = self._server.server_port
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise TrainerError("metrics.tensorboard needs the tensorboard package: pip install tensorboard") from exc
-            self._tb = SummaryWriter(tensorboard)
+        self.trackers = list(trackers)     # opened and closed by their owner (tracking.open_trackers)
 
     def log(self, step: int, **values) -> None:
         # JSON has no NaN: a non-finite value is written as null
         clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
         self._file.write(json.dumps({"step": step, "policy": self.policy, "time": time.time(), **clean}) + "\n")
         self._file.flush()
-        for name, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self._gauge(name).labels(policy=self.policy).set(value)
-                if self._tb:
-                    self._tb.add_scalar(name, value, step)
+        numbers = {name: float(value) for name, value in values.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
+        for name, value in numbers.items():
+            self._gauge(name).labels(policy=self.policy).set(value)
+        tracked = {f"{values.get('kind', 'train')}/{name}": value for name, value in numbers.items()}
+        for tracker in self.trackers:
+            tracker.log(step, tracked)
 
     def _gauge(self, name: str) -> Gauge:
         if name not in self._gauges:
@@ -61,8 +58,6 @@ class MetricsSink:
         self._file.close()
         if self._server:
             self._server.shutdown()
-        if self._tb:
-            self._tb.close()
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict]:

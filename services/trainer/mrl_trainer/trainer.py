@@ -59,6 +59,7 @@ from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
 from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, make_sharing
 from mrl_trainer.tasks import Problem, make_task
+from mrl_trainer.tracking import open_trackers
 
 __all__ = ["Trainer", "build_trainer", "prepare_warm_start"]
 
@@ -128,8 +129,10 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
                 config.scheduler.target, config.scheduler.token or os.environ.get("MRL_TOKEN"),
                 run_id=config.run_id, policy=config.policy))
         if ranks.main:
+            trackers = open_trackers(config.tracking, config.run_id, config.policy, config.model_dump(mode="json"),
+                                     closing)
             metrics = MetricsSink(config.policy, config.metrics.jsonl or f"{config.checkpoint.dir}/metrics.jsonl",
-                                  config.metrics.prometheus_port, config.metrics.tensorboard)
+                                  config.metrics.prometheus_port, trackers)
             closing.callback(metrics.close)
         return Trainer(config, model=model, tokenizer=tokenizer, task=task, optimizer=optimizer, sharing=sharing,
                        metrics=metrics, state=state, resumed_from=found, reference=reference, exchange=exchange,
