@@ -57,7 +57,7 @@ from mrl_launcher.errors import LauncherError
 from mrl_launcher.intervals import crossed_bootstrap, mean_ci
 from mrl_trainer.metrics import read_metrics
 
-__all__ = ["PolicyRun", "load_policy_run", "load_run", "load_runs", "load_seeds", "compare", "compare_loaded",
+__all__ = ["PolicyRun", "as_run", "load_policy_run", "load_run", "load_runs", "load_seeds", "compare", "compare_loaded",
            "rollouts_to", "up_to", "TOLERANCE"]
 
 Path = pathlib.Path
@@ -108,6 +108,12 @@ def read_policy_records(path: str | Path) -> list[dict]:
     if not records:
         raise LauncherError(f"{path} is empty: the trainer has not logged a step yet; report once it has")
     return records
+
+
+def as_run(path: str | Path, records: list[dict]) -> PolicyRun:
+    """The PolicyRun of one policy's records as they stand (a run under way may have no eval yet), unchecked."""
+    return PolicyRun(str(records[0]["policy"]), Path(path), [r for r in records if r.get("kind", "train") == "train"],
+                     [r for r in records if r.get("kind") == "eval" and num(r.get("eval_accuracy"))])
 
 
 def load_policy_run(path: str | Path) -> PolicyRun:

@@ -1,7 +1,7 @@
 """The launcher's `mrl` commands (entry points `mrl.commands`; see mrl.cli)."""
 from mrl_launcher.arguments import at_step, ints
 
-__all__ = ["up", "demo", "compare", "plot", "report"]
+__all__ = ["up", "demo", "watch", "compare", "plot", "report"]
 
 
 class _RegisteredModes:
@@ -12,13 +12,44 @@ class _RegisteredModes:
         return ", ".join(SHARING_MODES)
 
 
+def _report_to(parser, default: str) -> None:
+    parser.add_argument("--report-to", default=default, metavar="TRACKERS",
+                        help="comma-separated trackers every trainer logs to (tensorboard, wandb, mlflow, trackio; "
+                             "tracking.report_to), under data_dir/tracking; 'none' for none (default: "
+                             + (default or "each trainer's own tracking.report_to") + ")")
+
+
+def _tracking_overrides(value: str) -> dict:
+    """--report-to as trainer overrides: {} where it leaves each trainer's own (""), else tracking.report_to."""
+    if value == "":
+        return {}
+    return {"tracking.report_to": [] if value == "none" else [name.strip() for name in value.split(",")]}
+
+
 def up(parser):
     """run a topology locally as processes: Redis, the services, N trainers (Ctrl-C stops them in order)"""
     parser.add_argument("config", help="YAML topology, e.g. examples/local.yaml")
+    _report_to(parser, "")
 
     def run(args) -> None:
         from mrl_launcher.topology import up as run_up
-        run_up(args.config)
+        run_up(args.config, _tracking_overrides(args.report_to))
+    return run
+
+
+def watch(parser):
+    """serve the live page of a run folder (a topology's data_dir), finished or under way; Ctrl-C stops it"""
+    parser.add_argument("run_dir", help="the run's data_dir, holding <policy>/metrics.jsonl")
+    parser.add_argument("--port", type=int, default=0, help="the page's port (default: any free port)")
+    parser.add_argument("--exchange-admin", help="http://host:port of the run's exchange admin API, to record "
+                                                 "its snapshots while it runs (a remote run)")
+    parser.add_argument("--run-id", help="with --exchange-admin: the run whose topics to read")
+
+    def run(args) -> None:
+        import os
+
+        from mrl_launcher.live import watch as serve
+        serve(args.run_dir, args.port, args.exchange_admin, args.run_id, os.environ.get("MRL_TOKEN"))
     return run
 
 
@@ -39,13 +70,14 @@ def demo(parser):
     parser.add_argument("--exchange", action="store_true", help="instead: the exchange alone, with a summary")
     parser.add_argument("--steps", type=int, default=20, help="--exchange: steps per producer")
     parser.add_argument("--group-size", type=int, default=8, help="--exchange: samples per group")
+    _report_to(parser, "tensorboard")
 
     def run(args) -> None:
         if args.exchange:
             _exchange_demo()(steps=args.steps, group_size=args.group_size)
         else:
             from mrl_launcher.topology import up as run_up
-            run_up(args.topology)
+            run_up(args.topology, _tracking_overrides(args.report_to))
     return run
 
 

@@ -1,25 +1,77 @@
-"""Figures (PNG) of trainers' runs, drawn with matplotlib from analysis.PolicyRun records.
+"""Figures of a run: one set of declarations, drawn as PNGs by the report (matplotlib, here) and live in the
+browser by the live page (uPlot, mrl_launcher.live), both from the same series (figure_series).
 
-    plot_curves(paths, out)     `mrl trainer plot`: held-out greedy accuracy (eval records) and the
-                                training batch's mean reward (5-step moving average) against rollouts
-                                consumed, one line per metrics file (policy)
-    panels(runs, keys, out)     one subplot per metric some record has, over steps, one line per policy
-    figure_stats(figure)        the statistics a report figure draws, as the sharing modes declare them
-    budget(runs, out)           rollouts generated and peer samples used, per policy
+    Panel, Figure               a figure's declaration: which records' field, against what, summed or smoothed
+    run_figures()               the figures of a run, in report order: curves, the panels the sharing modes declare
+                                (PANELS: thl, ratios, sgt, exchange, coordination, guard), budget, flow
+    figure_series(fig, runs, flow)   per panel that has data, {line label: (xs, ys)}: one line per policy, or for
+                                the flow panels one per series of the exchange's snapshots (mrl_launcher.live)
+    draw(fig, series, out)      one PNG, a subplot per panel
+    plot_curves(paths, out)     `mrl trainer plot`: the curves figure of metrics files
+    figure_stats(figure)        the statistics a panels figure draws, as the sharing modes declare them
     compare_plot(policy, ...)   one policy's held-out accuracy against rollouts, one line per sharing mode
 """
+import dataclasses
 import math
 import pathlib
+from typing import Literal
 
-from mrl_launcher.analysis import PolicyRun, num, read_policy_records
+from mrl_launcher.analysis import PolicyRun, as_run, num, read_policy_records
 from mrl_trainer.sharing import STAT_SOURCES, stat_labels
 
-__all__ = ["plot_curves", "panels", "figure_stats", "stat_title", "budget", "compare_plot", "LABELS", "CUMULATIVE"]
+__all__ = ["Panel", "Figure", "PANELS", "CURVES", "BUDGET", "FLOW", "run_figures", "figure_series", "draw",
+           "plot_curves", "figure_stats", "stat_title", "compare_plot", "LABELS", "CUMULATIVE", "X_LABELS"]
 
 Path = pathlib.Path
 
 LABELS = stat_labels()                                                       # statistic → label
 CUMULATIVE = frozenset().union(*(source.cumulative for source in STAT_SOURCES))   # drawn summed over steps
+X_LABELS = {"step": "step", "rollouts_total": "rollouts consumed", "minutes": "minutes since the first snapshot"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One subplot: `key` of the `source` records against `x`. train/eval: one line per policy, its records'
+    numbers; flow: one line per label of the mapping `key` holds in each exchange snapshot."""
+    key: str
+    title: str
+    source: Literal["train", "eval", "flow"] = "train"
+    x: Literal["step", "rollouts_total", "minutes"] = "step"
+    cumulative: bool = False     # y_i = Σ_{j ≤ i} value_j
+    smooth: int = 1              # y_i = the mean of the last `smooth` values up to i
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    name: str                    # the report's PNG name without .png; the live page's figure id
+    heading: str
+    text: str
+    panels: tuple[Panel, ...]
+
+
+PANELS = {  # figure → heading; its statistics are the ones the sharing modes declare (figure_stats)
+    "thl": "THL residual",
+    "ratios": "Ratio statistics",
+    "sgt": "SGT rescues and rejections",
+    "exchange": "Exchange",
+    "coordination": "Asynchronous coordination",
+    "guard": "No-harm guard",
+}
+
+CURVES = Figure("curves", "Held-out accuracy and training reward",
+                "Left: greedy accuracy on the held-out split (eval records) against rollouts consumed. Right: the "
+                "training batch's mean reward, 5-step moving average. One line per policy.",
+                (Panel("eval_accuracy", "greedy accuracy (held-out)", "eval", "rollouts_total"),
+                 Panel("reward_mean", "batch mean reward (5-step avg)", "train", "rollouts_total", smooth=5)))
+BUDGET = Figure("budget", "Rollouts spent", "Rollouts each policy generated and the peer samples it used in all, "
+                "over steps.", (Panel("rollouts_total", "rollouts generated"),
+                                Panel("peer_samples", "peer samples used (cumulative)", cumulative=True)))
+FLOW = Figure("flow", "Experience between policies",
+              "From the exchange's admin API, sampled while the run runs: the experiences each policy published, "
+              "per kind; those each policy took from each peer, per kind; what the exchange dropped as stale.",
+              (Panel("published", "published (producer, kind)", "flow", "minutes"),
+               Panel("taken", "taken (producer → subscriber, kind)", "flow", "minutes"),
+               Panel("dropped", "dropped by the exchange", "flow", "minutes")))
 
 
 def figure_stats(figure: str) -> tuple[str, ...]:
@@ -31,6 +83,52 @@ def figure_stats(figure: str) -> tuple[str, ...]:
 def stat_title(key: str) -> str:
     """A statistic's label, marked "(cumulative)" when it is drawn summed over steps."""
     return LABELS.get(key, key) + (" (cumulative)" if key in CUMULATIVE else "")
+
+
+def run_figures() -> tuple[Figure, ...]:
+    """Every figure of a run, in report order; a figure is drawn only where some panel of it has data."""
+    declared = tuple(Figure(name, heading, "Over steps, one line per policy.",
+                            tuple(Panel(key, stat_title(key), cumulative=key in CUMULATIVE)
+                                  for key in figure_stats(name)))
+                     for name, heading in PANELS.items())
+    return (CURVES, *declared, BUDGET, FLOW)
+
+
+def _shape(values: list[float], panel: Panel) -> list[float]:
+    if panel.cumulative:
+        values = [sum(values[:i + 1]) for i in range(len(values))]
+    k = panel.smooth
+    return [sum(values[max(0, i - k + 1):i + 1]) / len(values[max(0, i - k + 1):i + 1]) for i in range(len(values))]
+
+
+def _run_lines(panel: Panel, runs: list[PolicyRun]) -> dict[str, tuple[list, list]]:
+    lines = {}
+    for run in runs:
+        records = run.evals if panel.source == "eval" else run.train
+        points = [(r[panel.x], r[panel.key]) for r in records if num(r.get(panel.key)) and num(r.get(panel.x))]
+        if points:
+            lines[run.policy] = ([x for x, _ in points], _shape([y for _, y in points], panel))
+    return lines
+
+
+def _flow_lines(panel: Panel, flow: list[dict]) -> dict[str, tuple[list, list]]:
+    lines: dict[str, tuple[list, list]] = {}
+    for snapshot in flow:
+        for label, value in (snapshot.get(panel.key) or {}).items():
+            xs, ys = lines.setdefault(label, ([], []))
+            xs.append((snapshot["time"] - flow[0]["time"]) / 60)
+            ys.append(value)
+    return lines
+
+
+def figure_series(figure: Figure, runs: list[PolicyRun], flow: list[dict] = ()) -> list[tuple[Panel, dict]]:
+    """(panel, {line label: (xs, ys)}) of each panel of `figure` that has data, in declaration order."""
+    drawn = []
+    for panel in figure.panels:
+        lines = _flow_lines(panel, list(flow)) if panel.source == "flow" else _run_lines(panel, runs)
+        if lines:
+            drawn.append((panel, lines))
+    return drawn
 
 
 def _label(text: str) -> str:
@@ -45,54 +143,24 @@ def _pyplot():
     return plt
 
 
-def panels(runs: list[PolicyRun], keys: tuple[str, ...], out: Path, title: str) -> Path | None:
-    """One subplot per key some record has (value over steps, one line per policy; a cumulative statistic
-    summed over steps); None if none has."""
-    present = [k for k in keys if any(run.has(k) for run in runs)]
-    if not present:
-        return None
+def draw(figure: Figure, series: list[tuple[Panel, dict]], out: Path) -> Path:
+    """`figure` as a PNG: one subplot per panel of `series` (figure_series), one line per label."""
     plt = _pyplot()
-    ncols = min(3, len(present))
-    nrows = math.ceil(len(present) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
-    for ax, key in zip(axes.flat, present):
-        for run in runs:
-            points = [(r["step"], r[key]) for r in run.train if num(r.get(key))]
-            if not points:
-                continue
-            steps = [s for s, _ in points]
-            values = [v for _, v in points]
-            if key in CUMULATIVE:
-                values = [sum(values[:i + 1]) for i in range(len(values))]
-            ax.plot(steps, values, marker="." if len(points) <= 40 else None, label=_label(run.policy))
-        ax.set(xlabel="step", title=stat_title(key))
+    ncols = min(3, len(series))
+    nrows = math.ceil(len(series) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols + 1, 3.6 * nrows), squeeze=False)
+    for ax, (panel, lines) in zip(axes.flat, series):
+        for label, (xs, ys) in lines.items():
+            ax.plot(xs, ys, marker="." if len(xs) <= 40 else None, label=_label(label))
+        ax.set(xlabel=X_LABELS[panel.x], title=panel.title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(series):]:
         ax.set_visible(False)
-    fig.suptitle(title)
+    fig.suptitle(figure.heading)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
-def budget(runs: list[PolicyRun], out: Path) -> Path:
-    plt = _pyplot()
-    peers = any(run.has("peer_samples") for run in runs)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(runs) + 2), 3.6))
-    xs = list(range(len(runs)))
-    width = 0.4 if peers else 0.6
-    own = [run.rollouts_total or 0 for run in runs]
-    ax.bar([x - width / 2 if peers else x for x in xs], own, width, label="rollouts generated")
-    if peers:
-        ax.bar([x + width / 2 for x in xs], [sum(run.values("peer_samples")) for run in runs], width,
-               label="peer samples used")
-    ax.set_xticks(xs, [_label(run.policy) for run in runs])
-    ax.set(ylabel="samples", title="rollouts spent per policy")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
@@ -121,29 +189,7 @@ def compare_plot(policy: str, entry: dict, out: Path) -> Path:
     return out
 
 
-def _moving_average(values: list[float], k: int = 5) -> list[float]:
-    return [sum(values[max(0, i - k + 1):i + 1]) / len(values[max(0, i - k + 1):i + 1]) for i in range(len(values))]
-
-
-def plot_curves(paths: list[str], out: str, title: str = "held-out accuracy") -> pathlib.Path:
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for path in paths:
-        records = read_policy_records(path)
-        evals = [r for r in records if r.get("kind") == "eval"]
-        train = [r for r in records if r.get("kind", "train") == "train"]
-        label = records[0]["policy"]
-        left.plot([r["rollouts_total"] for r in evals], [r["eval_accuracy"] for r in evals], marker="o", label=label)
-        right.plot([r["rollouts_total"] for r in train], _moving_average([r["reward_mean"] for r in train]),
-                   label=label)
-    left.set(xlabel="rollouts consumed", ylabel="greedy accuracy (held-out)", title=title)
-    right.set(xlabel="rollouts consumed", ylabel="batch mean reward (5-step avg)", title="training reward")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    out_path = pathlib.Path(out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
-    return out_path
+def plot_curves(paths: list[str], out: str) -> pathlib.Path:
+    """The curves figure (CURVES) of these metrics files, one line per file (policy)."""
+    runs = [as_run(path, read_policy_records(path)) for path in paths]
+    return draw(CURVES, figure_series(CURVES, runs), Path(out))

@@ -1,16 +1,18 @@
 """HTML reports of a multi-policy run, and of the comparison of sharing modes (analysis + figures).
 
-`write_report(metrics, out_dir)` writes out_dir/index.html with a summary table (one row per
+`write_report(metrics, out_dir, flow=…)` writes out_dir/index.html with a summary table (one row per
 policy: sharing mode, steps, rollouts consumed, first and final eval accuracy, the statistics the
-sharing modes declare for the summary, peer samples used) and these PNGs, each only when some record
-has its keys:
+sharing modes declare for the summary, peer samples used) and one PNG per figure of the run
+(figures.run_figures, the figures the live page draws too), each only when some record has its keys:
 
     curves.png    held-out accuracy and training reward against rollouts consumed
     thl.png       THL residual of retokenized peer responses
     ratios.png    the sharing modes' ratio statistics (PRP's ρ, HACPO's s, ω and bound)
     sgt.png       SGT, cumulative over steps: prompts rescued, successes accepted and rejected
     exchange.png  seconds waited for peers, peer samples used, peers complete, XGRPO's pool size
-    budget.png    rollouts generated and peer samples used, per policy
+    coordination.png, guard.png   the async coupling's choices and drops; the no-harm guard's trust
+    budget.png    rollouts generated and peer samples used (cumulative), over steps
+    flow.png      the exchange's snapshots (`flow`, mrl_launcher.live): published, taken per pair, dropped
 
 The statistics of thl, ratios, sgt and exchange, their labels and the summary's columns are what the
 registered sharing modes (and the trainer's coordination with peers) declare: mrl_trainer.sharing.
@@ -26,29 +28,12 @@ import pathlib
 import re
 
 from mrl_launcher.analysis import PolicyRun, compare, load_run
-from mrl_launcher.figures import CUMULATIVE, budget, compare_plot, figure_stats, panels, plot_curves, stat_title
+from mrl_launcher.figures import CUMULATIVE, compare_plot, draw, figure_series, run_figures
 from mrl_trainer.sharing import STAT_SOURCES
 
 __all__ = ["write_report", "write_compare_report", "write_compare_page"]
 
 Path = pathlib.Path
-
-FIGURES = {  # file -> (heading, what it shows)
-    "curves.png": ("Held-out accuracy and training reward",
-                   "Left: greedy accuracy on the held-out split (eval records) against rollouts consumed. "
-                   "Right: the training batch's mean reward, 5-step moving average. One line per policy."),
-    "budget.png": ("Rollouts spent",
-                   "Rollouts each policy generated (final rollouts_total) and the peer samples it used in all."),
-}
-
-PANELS = {  # figure → heading; its statistics are the ones the sharing modes declare (figures.figure_stats)
-    "thl": "THL residual",
-    "ratios": "Ratio statistics",
-    "sgt": "SGT rescues and rejections",
-    "exchange": "Exchange",
-    "coordination": "Asynchronous coordination",
-    "guard": "No-harm guard",
-}
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
@@ -71,9 +56,7 @@ def _table(header: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _figure_html(name: str, heading: str | None = None, text: str | None = None) -> str:
-    default_heading, default_text = FIGURES.get(name, (name, ""))
-    heading, text = heading or default_heading, text if text is not None else default_text
+def _figure_html(name: str, heading: str, text: str) -> str:
     return (f"<h2>{html.escape(heading)}</h2><p class=\"muted\">{html.escape(text)}</p>"
             f"<img src=\"{html.escape(name, quote=True)}\" alt=\"{html.escape(heading, quote=True)}\">")
 
@@ -105,22 +88,22 @@ def _summary_rows(runs: list[PolicyRun]) -> tuple[list[str], list[list]]:
     return header, rows
 
 
-def write_report(metrics_paths: list[str | Path], out_dir: str | Path, title: str = "mrl run") -> Path:
-    """index.html and its PNGs in out_dir for one run (one metrics file per policy); returns index.html's path."""
+def write_report(metrics_paths: list[str | Path], out_dir: str | Path, title: str = "mrl run",
+                 flow: list[dict] = ()) -> Path:
+    """index.html and its PNGs in out_dir for one run (one metrics file per policy; `flow`: the exchange's
+    snapshots, live.read_flow); returns index.html's path."""
     runs = list(load_run(list(metrics_paths), "report").values())
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = [_figure_html(plot_curves([str(run.path) for run in runs], str(out_dir / "curves.png")).name)]
-    for figure, heading in PANELS.items():
-        path = out_dir / f"{figure}.png"
-        keys = [key for key in figure_stats(figure) if any(run.has(key) for run in runs)]
-        if keys:
-            panels(runs, keys, path, heading)
-            figures.append(_figure_html(path.name, heading, "Over steps, one line per policy: "
-                                        + ", ".join(stat_title(key) for key in keys) + "."))
+    figures = []
+    for figure in run_figures():
+        path = out_dir / f"{figure.name}.png"
+        series = figure_series(figure, runs, flow)
+        if series:
+            draw(figure, series, path)
+            figures.append(_figure_html(path.name, figure.heading, figure.text))
         elif path.exists():
             path.unlink()  # a stale figure from an earlier report into the same folder
-    figures.append(_figure_html(budget(runs, out_dir / "budget.png").name))
     header, rows = _summary_rows(runs)
     sources = "".join(f"<li>{html.escape(run.policy)}: <code>{html.escape(str(run.path))}</code></li>" for run in runs)
     body = ("<h2>Summary</h2>" + _table(header, rows)

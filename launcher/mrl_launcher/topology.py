@@ -18,6 +18,7 @@ A topology file (examples/local.yaml):
         set: {sharing.mode: sgt}
         ranks: 1             # optional: > 1 trains it under torchrun, sharded over that many devices
     report: report           # optional: an HTML report of the trainers' metrics, under data_dir
+    live_port: 0             # the live page's port while the run runs (0, the default: any free port; null: none)
 
 Each service installed (entry points `mrl.services`) is a child process (`python -m mrl.cli ...
 serve`, mrl_serving.processes) that prints one JSON "ready" line with its ports; a service's
@@ -26,8 +27,11 @@ services (exchange.target, sharing.align.target, scheduler.target), with its che
 metrics under data_dir/<policy>/; a trainer with a cached warm start does it first (`mrl trainer warm-start`,
 all of them at once, into the model cache), so that no policy starts its steps while a peer is still
 warm-starting; with `ranks: N` > 1 it is `torchrun --standalone --nproc-per-node N -m mrl.cli
-trainer run CONFIG`. With trainers, `up` returns when they have all finished
-(and the report is written); without, it serves until Ctrl-C. Ctrl-C (or SIGTERM) asks the
+trainer run CONFIG`. Every trainer's trackers (tracking.report_to) write under data_dir/tracking, so that the
+policies of the run sit side by side. While the run runs, the launcher serves its live page (mrl_launcher.live) and
+records the exchange's snapshots into data_dir/exchange.jsonl; `mrl watch DATA_DIR` serves the page again later.
+With trainers, `up` returns when they have all finished (and the report is written); without, it serves until
+Ctrl-C. Ctrl-C (or SIGTERM) asks the
 trainers to finish their step and checkpoint (under torchrun: its ranks, not torchrun itself, which would
 stop them before they are done), then stops the services, then Redis.
 """
@@ -45,9 +49,11 @@ import psutil
 import yaml
 
 from mrl_launcher.errors import LauncherError, RunFailed
+from mrl_launcher.live import FlowRecorder, live_page, read_flow
 from mrl_serving.child_process import die_with_parent
 from mrl_serving.processes import redis_for, spawn
 from mrl_serving.registry import installed_services
+from mrl_trainer.tracking import tensorboard_command
 
 __all__ = ["up", "run_topology", "validate_trainers", "stop_on_signals", "data_dir_of", "TRAINER_STOP_GRACE_S"]
 
@@ -59,7 +65,8 @@ def _trainer_overrides(spec: dict, base: pathlib.Path, run_id: str, data_dir: pa
     """(config path, policy, --set overrides) of one `trainers:` entry, pointed at the running services."""
     path, policy = _entry(spec, base)
     overrides = {"run_id": run_id, "checkpoint.dir": str(data_dir / policy / "checkpoints"),
-                 "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False}
+                 "metrics.jsonl": str(data_dir / policy / "metrics.jsonl"), "metrics.progress": False,
+                 "tracking.dir": str(data_dir / "tracking")}
     address = lambda name: f"127.0.0.1:{running[name].ready['grpc_port']}"  # noqa: E731
     if "exchange" in running:
         overrides["exchange.target"] = address("exchange")
@@ -178,7 +185,7 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
     trainers share `cpus` cores (default: all), each with cpus // trainers compute threads (at least one).
     """
     services = installed_services()    # started in the order of their default ports
-    valid = {"redis_url", "data_dir", "run_id", "trainers", "report", *services}
+    valid = {"redis_url", "data_dir", "run_id", "trainers", "report", "live_port", *services}
     if set(config) - valid:
         raise LauncherError(f"unknown topology keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
     _refuse_repeated_policies(config.get("trainers") or [], base)
@@ -198,6 +205,13 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
             r = running[name].ready
             print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST http://127.0.0.1:{r['admin_port']}/docs",
                   flush=True)
+        run_id = config.get("run_id", "local")
+        if "exchange" in running:     # its snapshots, recorded until the trainers have stopped
+            stack.enter_context(FlowRecorder(f"http://127.0.0.1:{running['exchange'].ready['admin_port']}", run_id,
+                                             data_dir, token=os.environ.get("MRL_TOKEN")))
+        if config.get("live_port", 0) is not None:
+            url = stack.enter_context(live_page(data_dir, f"mrl run {run_id}", config.get("live_port", 0)))
+            print(f"  live page        {url}  (afterwards: mrl watch {data_dir})", flush=True)
         trainers: dict = {}
         stack.callback(_stop_trainers, trainers, results)   # runs before the services and Redis stop
         specs = config.get("trainers") or []
@@ -213,6 +227,8 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
             trainers[policy] = (_start_trainer(path, extra, threads, ranks), extra["metrics.jsonl"])
             shown = f", {ranks} ranks under torchrun" if ranks > 1 else ""
             print(f"  trainer {policy:<8} {path}  ({threads} thread(s){shown})", flush=True)
+        if any("tensorboard" in _tracking(path, extra).report_to for _, path, _, extra in starts):
+            print(f"  TensorBoard      {tensorboard_command(data_dir / 'tracking', run_id)}", flush=True)
         print("Ctrl-C to stop.", flush=True)
         while not stop.wait(0.5):
             for name, process in running.items():
@@ -221,6 +237,16 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
             if trainers and all(proc.poll() is not None for proc, _ in trainers.values()):
                 break
     return results
+
+
+def _tracking(path: str, overrides: dict):
+    """The tracking section of a trainer as it is started (its file, then the launcher's overrides)."""
+    from mrl_trainer.config import load_config
+    from mrl_trainer.errors import TrainerError
+    try:
+        return load_config(path, overrides).tracking
+    except TrainerError as exc:
+        raise LauncherError(str(exc)) from None
 
 
 def _warm_starts(trainers: dict, threads: int, stop: threading.Event) -> bool:
@@ -307,14 +333,17 @@ def read_settings(path: pathlib.Path) -> dict:
     return settings
 
 
-def up(config_path: str) -> dict:
+def up(config_path: str, overrides: dict | None = None) -> dict:
+    """Run a topology (run_topology), each trainer with `overrides` after its own settings (`mrl demo`:
+    tracking.report_to), every trainer validated before anything starts; then its report."""
     path = pathlib.Path(config_path)
     if not path.is_file():
         raise LauncherError(f"topology file {str(path)!r} does not exist (the examples are in the repository's "
                          f"examples/ folder: run from its root)")
     config = read_settings(path)
+    validate_trainers(config, path.parent, overrides)
     with stop_on_signals() as stop:
-        results = run_topology(config, path.parent, stop)
+        results = run_topology(config, path.parent, stop, overrides)
     print("mrl up: stopped", flush=True)
     for policy, r in results.items():
         print(f"  trainer {policy}: exit code {r['exit_code']}, metrics {r['metrics']}", flush=True)
@@ -323,7 +352,8 @@ def up(config_path: str) -> dict:
         try:
             out = write_report([r["metrics"] for r in results.values() if pathlib.Path(r["metrics"]).is_file()],
                                data_dir_of(config, path.parent) / config["report"],
-                               title=f"mrl run {config.get('run_id', 'local')}")
+                               title=f"mrl run {config.get('run_id', 'local')}",
+                               flow=read_flow(data_dir_of(config, path.parent)))
             print(f"mrl up: report {out}", flush=True)
         except LauncherError as exc:
             print(f"mrl up: no report: {exc}", flush=True)

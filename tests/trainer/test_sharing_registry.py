@@ -131,7 +131,7 @@ def test_stat_labels_cover_every_source_with_one_label_per_key():
 
 
 def test_report_draws_every_declared_figure():
-    from mrl_launcher.report import PANELS
+    from mrl_launcher.figures import PANELS
     for source in STAT_SOURCES:
         assert set(source.figures) <= set(PANELS), f"{source.__name__} names a figure the report does not draw"
 
