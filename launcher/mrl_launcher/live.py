@@ -217,7 +217,7 @@ class FlowRecorder:
 
 def watch(run_dir: str | Path, port: int = 0, exchange_admin: str | None = None, run_id: str | None = None,
           token: str | None = None) -> None:
-    """`mrl watch`: serve the live page of a run folder until `stop` is set (Ctrl-C); with `exchange_admin`
+    """`mrl watch`: serve the live page of a run folder until Ctrl-C (or SIGTERM); with `exchange_admin`
     (http://host:port of a running exchange's admin API) and `run_id`, record its snapshots into the folder too."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -1,6 +1,6 @@
-"""The live page as a user sees it: a real two-policy run under `mrl up`, its page opened in headless Chromium
-(apt: chromium chromium-driver) while the run runs, then `mrl watch` of the finished run; and what the page
-reads (metrics files as they grow, the exchange's snapshots) and shares with the report."""
+"""The live page as a user sees it: a real two-policy run under `mrl demo`, its page opened in headless Chromium
+(apt: chromium chromium-driver) while the run runs, then `mrl watch` of the finished run; what the page reads
+(metrics files as they grow, the exchange's snapshots) and shares with the report; the demo's trackers."""
 import json
 import os
 import pathlib
@@ -92,8 +92,10 @@ def _until(condition, timeout_s: float, what: str):
 
 @needs_chromium
 def test_the_live_page_draws_a_real_run_as_it_runs_and_mrl_watch_after(tmp_path, chromium):
+    """`mrl demo` of a tiny topology: the live page grows as the run runs; the demo logs to TensorBoard and prints
+    the command that opens it; `mrl watch` serves the finished run."""
     topology = _pair(tmp_path, steps=40)
-    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(topology), "--report-to", "tensorboard"],
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "demo", str(topology)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         lines = _Lines(proc)
@@ -125,6 +127,8 @@ def test_the_live_page_draws_a_real_run_as_it_runs_and_mrl_watch_after(tmp_path,
         assert last["taken"][f"{producer} → {subscriber} {kind}"] == last["published"][f"{producer} {kind}"]
     assert last["dropped"] == {"stale": 0, "redelivered": 0}
     assert (run_dir / "report" / "flow.png").is_file()
+    assert sorted(p.name for p in (run_dir / "tracking" / "tensorboard" / "live").iterdir()) == ["policy-a",
+                                                                                            "policy-b"]
 
     # the finished run, served again by `mrl watch`: the same figures, every point the files hold
     watcher = subprocess.Popen([sys.executable, "-m", "mrl.cli", "watch", str(run_dir)], stdout=subprocess.PIPE,
@@ -189,3 +193,15 @@ def test_watch_refuses_what_it_cannot_show(tmp_path, folder, options, error):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LauncherError, match=error):
         watch(tmp_path / folder, **options)
+
+
+@pytest.mark.parametrize("report_to, error", [
+    ("neptune", "Input should be 'tensorboard', 'wandb', 'mlflow' or 'trackio'"),
+    ("tensorboard,tensorboard", "names a tracker twice"),
+], ids=["unknown", "twice"])
+def test_a_bad_report_to_stops_the_demo_before_anything_starts(tmp_path, report_to, error):
+    topology = _pair(tmp_path, steps=1)
+    out = subprocess.run([sys.executable, "-m", "mrl.cli", "demo", str(topology), "--report-to", report_to],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and error in out.stderr
+    assert "redis" not in out.stdout and not (tmp_path / "run").exists()     # nothing started
