@@ -2,8 +2,8 @@
 browser by the live page (uPlot, mrl_launcher.live), both from the same series (figure_series).
 
     Panel, Figure               a figure's declaration: which records' field, against what, summed or smoothed
-    run_figures()               the figures of a run, in report order: curves, the panels the sharing modes declare
-                                (PANELS: thl, ratios, sgt, exchange, coordination, guard), budget, flow
+    run_figures()               the figures of a run, in report order: curves, flow, the panels the sharing modes
+                                declare (PANELS: thl, ratios, sgt, exchange, coordination, guard), budget
     figure_series(fig, runs, flow)   per panel that has data, {line label: (xs, ys)}: one line per policy, or for
                                 the flow panels one per series of the exchange's snapshots (mrl_launcher.live)
     draw(fig, series, out)      one PNG, a subplot per panel
@@ -68,10 +68,11 @@ BUDGET = Figure("budget", "Rollouts spent", "Rollouts each policy generated and 
                                 Panel("peer_samples", "peer samples used (cumulative)", cumulative=True)))
 FLOW = Figure("flow", "Experience between policies",
               "From the exchange's admin API, sampled while the run runs: the experiences each policy published, "
-              "per kind; those each policy took from each peer, per kind; what the exchange dropped as stale.",
+              "per kind; those each policy took from each peer, per kind; what the exchange dropped as stale and "
+              "delivered again.",
               (Panel("published", "published (producer, kind)", "flow", "minutes"),
                Panel("taken", "taken (producer → subscriber, kind)", "flow", "minutes"),
-               Panel("dropped", "dropped by the exchange", "flow", "minutes")))
+               Panel("counters", "stale drops, redeliveries (exchange)", "flow", "minutes")))
 
 
 def figure_stats(figure: str) -> tuple[str, ...]:
@@ -91,7 +92,7 @@ def run_figures() -> tuple[Figure, ...]:
                             tuple(Panel(key, stat_title(key), cumulative=key in CUMULATIVE)
                                   for key in figure_stats(name)))
                      for name, heading in PANELS.items())
-    return (CURVES, *declared, BUDGET, FLOW)
+    return (CURVES, FLOW, *declared, BUDGET)
 
 
 def _shape(values: list[float], panel: Panel) -> list[float]:

@@ -11,9 +11,9 @@ It reads what the run already writes:
                                      /metrics)
 
 A snapshot is {"time": Unix s, "published": {"<producer> <kind>": n}, "taken": {"<producer> → <subscriber>
-<kind>": n}, "dropped": {"stale": n, "redelivered": n}}: per topic (kind, producer) n = its stream's length; per
-subscriber's consumer group on it, taken = length − lag, what the subscriber was delivered of what the stream
-keeps; dropped = the exchange's counters mrl_exchange_stale_dropped and mrl_exchange_redelivered.
+<kind>": n}, "counters": {"stale dropped": n, "redelivered": n}}: per topic (kind, producer) n = its stream's
+length; per subscriber's consumer group on it, taken = length − lag, what the subscriber was delivered of what the
+stream keeps; counters = the exchange's mrl_exchange_stale_dropped and mrl_exchange_redelivered (all runs).
 
 Routes: / (the page), /data.json (RunFiles.data: each figure's series now, each policy's latest numbers, the
 latest snapshot), /uPlot.iife.min.js, /uPlot.min.css.
@@ -192,8 +192,8 @@ class FlowRecorder:
                 taken[f"{topic['producer']} → {group['subscriber']} {topic['kind']}"] = max(
                     topic["length"] - (group["lag"] or 0), 0)
         return {"published": published, "taken": taken,
-                "dropped": {"stale": counters.get("mrl_exchange_stale_dropped_total", 0.0),
-                            "redelivered": counters.get("mrl_exchange_redelivered_total", 0.0)}}
+                "counters": {"stale dropped": counters["mrl_exchange_stale_dropped_total"],
+                             "redelivered": counters["mrl_exchange_redelivered_total"]}}
 
     def _record(self) -> None:
         try:
@@ -231,7 +231,8 @@ def watch(run_dir: str | Path, port: int = 0, exchange_admin: str | None = None,
     with contextlib.ExitStack() as stack:
         if exchange_admin:
             stack.enter_context(FlowRecorder(exchange_admin, run_id, run_dir, token))
-        url = stack.enter_context(live_page(run_dir, f"mrl run {run_id or run_dir.name}", port))
+        title = f"mrl run {run_id}" if run_id else f"mrl {run_dir.resolve().name}"
+        url = stack.enter_context(live_page(run_dir, title, port))
         print(f"mrl watch: {url}  (Ctrl-C to stop)", flush=True)
         from mrl_launcher.topology import stop_on_signals     # topology serves this page too: imported here
         with stop_on_signals() as stop:

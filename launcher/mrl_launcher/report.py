@@ -6,13 +6,13 @@ sharing modes declare for the summary, peer samples used) and one PNG per figure
 (figures.run_figures, the figures the live page draws too), each only when some record has its keys:
 
     curves.png    held-out accuracy and training reward against rollouts consumed
+    flow.png      the exchange's snapshots (`flow`, mrl_launcher.live): published, taken per pair, counters
     thl.png       THL residual of retokenized peer responses
     ratios.png    the sharing modes' ratio statistics (PRP's ρ, HACPO's s, ω and bound)
     sgt.png       SGT, cumulative over steps: prompts rescued, successes accepted and rejected
     exchange.png  seconds waited for peers, peer samples used, peers complete, XGRPO's pool size
     coordination.png, guard.png   the async coupling's choices and drops; the no-harm guard's trust
     budget.png    rollouts generated and peer samples used (cumulative), over steps
-    flow.png      the exchange's snapshots (`flow`, mrl_launcher.live): published, taken per pair, dropped
 
 The statistics of thl, ratios, sgt and exchange, their labels and the summary's columns are what the
 registered sharing modes (and the trainer's coordination with peers) declare: mrl_trainer.sharing.

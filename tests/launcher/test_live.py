@@ -125,7 +125,7 @@ def test_the_live_page_draws_a_real_run_as_it_runs_and_mrl_watch_after(tmp_path,
     for producer, subscriber, kind in (("policy-a", "policy-b", "rollout"), ("policy-a", "policy-b", "group_stats"),
                                        ("policy-b", "policy-a", "group_stats")):
         assert last["taken"][f"{producer} → {subscriber} {kind}"] == last["published"][f"{producer} {kind}"]
-    assert last["dropped"] == {"stale": 0, "redelivered": 0}
+    assert last["counters"] == {"stale dropped": 0, "redelivered": 0}
     assert (run_dir / "report" / "flow.png").is_file()
     assert sorted(p.name for p in (run_dir / "tracking" / "tensorboard" / "live").iterdir()) == ["policy-a",
                                                                                             "policy-b"]

@@ -128,7 +128,7 @@ class Trackio(Tracker):
     module = "trackio"
 
     def __init__(self, config: TrackingConfig, run_id: str, policy: str, params: dict):
-        os.environ.setdefault("TRACKIO_DIR", str(pathlib.Path(config.dir).resolve() / "trackio"))
+        os.environ["TRACKIO_DIR"] = str(pathlib.Path(config.dir).resolve() / "trackio")   # read when imported
         import trackio
         self.trackio = trackio
         self.run = trackio.init(project=run_id, name=policy, config=params, auto_log_cpu=False, auto_log_gpu=False)
