@@ -112,16 +112,16 @@ class MLflow(Tracker):
             fcntl.flock(lock, fcntl.LOCK_EX)
             found = self.client.get_experiment_by_name(run_id)
             experiment = found.experiment_id if found else self.client.create_experiment(run_id)
-        self.run_id = self.client.create_run(experiment, run_name=policy).info.run_id
-        self.client.log_batch(self.run_id, params=_params(params))
+        self.run = self.client.create_run(experiment, run_name=policy).info.run_id   # MLflow's id of this run
+        self.client.log_batch(self.run, params=_params(params))
 
     def log(self, step, values):
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_key(k), v, now, step) for k, v in values.items()])
+        self.client.log_batch(self.run, metrics=[Metric(_mlflow_key(k), v, now, step) for k, v in values.items()])
 
     def close(self):
-        self.client.set_terminated(self.run_id)
+        self.client.set_terminated(self.run)
 
 
 class Trackio(Tracker):
@@ -130,7 +130,6 @@ class Trackio(Tracker):
     def __init__(self, config: TrackingConfig, run_id: str, policy: str, params: dict):
         os.environ["TRACKIO_DIR"] = str(pathlib.Path(config.dir).resolve() / "trackio")   # read when imported
         import trackio
-        self.trackio = trackio
         self.run = trackio.init(project=run_id, name=policy, config=params, auto_log_cpu=False, auto_log_gpu=False)
 
     def log(self, step, values):
