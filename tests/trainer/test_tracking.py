@@ -99,8 +99,13 @@ def _same(got: dict[str, dict[int, float]], want: dict[str, dict[int, float]], t
             assert got[key][step] == pytest.approx(value, rel=1e-5, abs=1e-6), (tracker, key, step)
 
 
-def test_a_real_run_logs_every_metric_to_every_tracker(tmp_path):
-    """Two steps and three evals of a tiny GPT-2: each tracker holds every number of the metrics file."""
+def test_a_real_run_logs_every_metric_to_every_tracker(tmp_path, monkeypatch):
+    """Two steps and three evals of a tiny GPT-2, with no network (every HTTP(S) request would go to a closed
+    port): each tracker holds every number of the metrics file."""
+    for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "")
+    monkeypatch.setenv("no_proxy", "")
     tracking = tmp_path / "tracking"
     config = TrainerConfig.model_validate(tiny_config(
         tmp_path, run_id="tracked", policy="tiny", **{"eval.every": 1, "tracking.report_to": ALL,
