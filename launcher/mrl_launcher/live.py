@@ -15,8 +15,12 @@ A snapshot is {"time": Unix s, "published": {"<producer> <kind>": n}, "taken": {
 length; per subscriber's consumer group on it, taken = length − lag, what the subscriber was delivered of what the
 stream keeps; counters = the exchange's mrl_exchange_stale_dropped and mrl_exchange_redelivered (all runs).
 
-Routes: / (the page), /data.json (RunFiles.data: each figure's series now, each policy's latest numbers, the
-latest snapshot), /uPlot.iife.min.js, /uPlot.min.css.
+Routes: / (the page), /data.json (RunFiles.data: each figure's series now, each line thinned to at most
+MAX_POINTS points, each policy's latest numbers, the latest snapshot), /uPlot.iife.min.js, /uPlot.min.css.
+
+A run of days stays light: a line of n > MAX_POINTS points is drawn from every ⌈n / MAX_POINTS⌉-th point and the
+last, and snapshots are taken every max(2 s, elapsed / 300): about 300 · (1 + ln(T / 600 s)) of them in a run of
+T seconds (T > 600 s).
 """
 import contextlib
 import http.server
@@ -31,11 +35,12 @@ from mrl_launcher.analysis import PolicyRun, as_run, num
 from mrl_launcher.errors import LauncherError
 from mrl_launcher.figures import X_LABELS, figure_series, run_figures
 
-__all__ = ["RunFiles", "FlowRecorder", "live_page", "read_flow", "watch", "FLOW_FILE"]
+__all__ = ["RunFiles", "FlowRecorder", "live_page", "read_flow", "watch", "FLOW_FILE", "MAX_POINTS"]
 
 Path = pathlib.Path
 STATIC = Path(__file__).parent / "static"
 FLOW_FILE = "exchange.jsonl"
+MAX_POINTS = 1000
 ASSETS = {"/": ("live.html", "text/html; charset=utf-8"),
           "/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript; charset=utf-8"),
           "/uPlot.min.css": ("uPlot.min.css", "text/css; charset=utf-8")}
@@ -91,10 +96,19 @@ class RunFiles:
             if series:
                 figures.append({"name": figure.name, "heading": figure.heading, "text": figure.text,
                                 "panels": [{"key": panel.key, "title": panel.title, "xlabel": X_LABELS[panel.x],
-                                            "lines": {label: [xs, ys] for label, (xs, ys) in lines.items()}}
+                                            "lines": {label: _thin(xs, ys) for label, (xs, ys) in lines.items()}}
                                            for panel, lines in series]})
         return {"title": self.title, "time": time.time(), "figures": figures, "flow": flow[-1] if flow else None,
                 "policies": [_latest(run) for run in runs]}
+
+
+def _thin(xs: list, ys: list) -> list[list]:
+    """[xs, ys] with every ⌈n / MAX_POINTS⌉-th point of n, and the last."""
+    stride = -(-len(xs) // MAX_POINTS)
+    keep = list(range(0, len(xs), stride))
+    if keep[-1] != len(xs) - 1:
+        keep.append(len(xs) - 1)
+    return [[xs[i] for i in keep], [ys[i] for i in keep]]
 
 
 def _latest(run: PolicyRun) -> dict:
@@ -151,12 +165,11 @@ def live_page(run_dir: str | Path, title: str, port: int = 0, host: str = "127.0
 
 
 class FlowRecorder:
-    """Append the exchange's snapshot of a run to RUN_DIR/exchange.jsonl every `every_s` seconds while the block
-    runs, when it changed (and once more at the end); `token`: an admin bearer token where auth is on."""
+    """Append the exchange's snapshot of a run to RUN_DIR/exchange.jsonl while the block runs, every max(2 s,
+    elapsed / 300), when it changed (and once more at the end); `token`: an admin bearer token where auth is on."""
 
-    def __init__(self, admin_url: str, run_id: str, run_dir: str | Path, token: str | None = None,
-                 every_s: float = 2.0):
-        self.admin_url, self.run_id, self.token, self.every_s = admin_url.rstrip("/"), run_id, token, every_s
+    def __init__(self, admin_url: str, run_id: str, run_dir: str | Path, token: str | None = None):
+        self.admin_url, self.run_id, self.token = admin_url.rstrip("/"), run_id, token
         self.path = Path(run_dir) / FLOW_FILE
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mrl-flow-recorder", daemon=True)
@@ -210,7 +223,8 @@ class FlowRecorder:
             self._last = snapshot
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        start = time.monotonic()
+        while not self._stop.wait(max(2.0, (time.monotonic() - start) / 300)):
             self._record()
         self._record()
 

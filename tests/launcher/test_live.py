@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mrl_launcher.errors import LauncherError
-from mrl_launcher.live import RunFiles, live_page, watch
+from mrl_launcher.live import MAX_POINTS, RunFiles, live_page, watch
 from mrl_launcher.report import write_report
 from helpers import tiny_config
 
@@ -173,6 +173,17 @@ def test_the_page_reads_records_as_they_are_written_and_draws_the_reports_figure
     write_report([metrics], report)
     assert {f["name"] for f in data["figures"]} == {p.stem for p in report.glob("*.png")} == {"curves", "sgt",
                                                                                            "budget"}
+
+
+def test_a_long_run_is_drawn_from_at_most_max_points_per_line_with_its_last(tmp_path):
+    metrics = tmp_path / "p1" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    n = 2 * MAX_POINTS + 1
+    _record(metrics, "".join(json.dumps({"step": t, "policy": "p1", "reward_mean": t, "rollouts_total": t}) + "\n"
+                             for t in range(n)))
+    budget = next(f for f in RunFiles(tmp_path, "t").data()["figures"] if f["name"] == "budget")
+    xs, ys = budget["panels"][0]["lines"]["p1"]
+    assert xs == ys == [*range(0, n, 3), n - 1] and len(xs) <= MAX_POINTS + 1
 
 
 def test_the_page_serves_its_assets_with_no_network_and_refuses_other_paths(tmp_path):
