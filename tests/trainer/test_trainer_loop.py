@@ -523,3 +523,29 @@ def test_warm_start_command_caches_what_the_run_then_loads(tmp_path):
     uncached = _mrl("trainer", "warm-start", str(write_config(tmp_path / "plain", **{"warm_start.steps": 3,
                     "warm_start.cache": False})), env=env)        # `run` trains it itself: nothing to do first
     assert json.loads(uncached.stdout.strip().splitlines()[-1])["warm_start"] == "uncached"
+
+
+def test_the_plain_template_begins_with_the_bos_only_where_the_tokenizer_adds_one():
+    from transformers import AutoTokenizer
+    from mrl_trainer.policy import PLAIN_CHAT_TEMPLATE, default_template
+    gemma3 = AutoTokenizer.from_pretrained(str(tokenizer_cache_dir() / "gemma3-tokenizer"))
+    assert gemma3("x").input_ids[0] == gemma3.bos_token_id
+    assert default_template(gemma3) == "{{ bos_token }}" + PLAIN_CHAT_TEMPLATE
+    gemma3.chat_template = default_template(gemma3)
+    ids = prompt_ids(gemma3, "What is 2 + 3?")
+    assert ids[0] == gemma3.bos_token_id and ids.count(gemma3.bos_token_id) == 1
+    assert gemma3.decode(ids) == "<bos>User: What is 2 + 3?\nAssistant:"
+    _, gpt2 = load_policy(ModelSpec(source="config", architecture=TINY, tokenizer=str(GPT2)))
+    assert gpt2.decode(prompt_ids(gpt2, "What is 2 + 3?")) == "User: What is 2 + 3?\nAssistant:"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)    # the first load dequantises the GGUF into the model cache
+def test_gemma3_loads_from_its_gguf_as_a_base_model_prompted_after_its_bos():
+    gguf = tokenizer_cache_dir() / "gemma3" / "gemma-3-270m-q4_k_m.gguf"
+    model, tokenizer = load_policy(ModelSpec(source="gguf", path=str(gguf)))
+    assert type(model).__name__ == "Gemma3ForCausalLM" and len(tokenizer) == 262144
+    ids = prompt_ids(tokenizer, "What is the capital of France?")
+    assert ids[0] == tokenizer.bos_token_id
+    [[sample]] = HFEngine(model, tokenizer).generate([ids], 1, SamplingParams(max_new_tokens=12, temperature=0))
+    assert "Paris" in sample.text
