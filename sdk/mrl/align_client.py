@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from mrl import errors
-from mrl.grpc_client import Backoff, BlockingClient, call, open_channel
+from mrl.grpc_client import Backoff, BlockingClient, Connection, call
 from mrl.v1 import tokenizer_align_pb2 as tpb
 from mrl.v1 import tokenizer_align_pb2_grpc
 
@@ -103,15 +103,18 @@ def _job_request(job: "AlignJob | Mapping") -> tpb.AlignRequest:
 
 class AlignClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
-                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, timeout_s: float | None = None):
-        """`timeout_s` bounds each RPC (DeadlineExceeded, not retried); None: no deadline."""
-        self._channel, self._metadata = open_channel(target, token, tls_root_cert, max_message_bytes)
-        self._stub = tokenizer_align_pb2_grpc.TokenizerAlignStub(self._channel)
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, timeout_s: float | None = None,
+                 token_source: str | None = None):
+        """`timeout_s` bounds each RPC (DeadlineExceeded, not retried); None: no deadline. `token` and
+        `token_source` as ExchangeClient's."""
+        self._connection = Connection("tokenizer alignment service", target, token, tls_root_cert, max_message_bytes,
+                                      token_source=token_source)
+        self._stub = tokenizer_align_pb2_grpc.TokenizerAlignStub(self._connection.channel)
         self.backoff = backoff or Backoff()
         self.timeout_s = timeout_s
 
     def _call(self, method, request):
-        return call(method, request, self._metadata, self.backoff, retry=True, timeout=self.timeout_s)
+        return call(method, request, self._connection, self.backoff, retry=True, timeout=self.timeout_s)
 
     def align(self, source_tokenizer_id: str, source_ids: Sequence[int], target_tokenizer_id: str,
               traces: Mapping[str, Sequence[float]] | None = None, target_prompt_ids: Sequence[int] = (), *,

@@ -82,9 +82,11 @@ class Principal(BaseModel):
         if not (self.is_admin or "*" in self.runs or run_id in self.runs):
             raise PermissionDenied(f"principal {self.name!r} does not belong to run {run_id!r}")
 
-    def require_policy(self, policy: str, run_id: str, action: str) -> None:
-        """A policy principal may `action` (publish, subscribe, ack) only as itself, in its runs."""
-        self.require_run(run_id)
+    def require_policy(self, policy: str, run_id: str | None, action: str) -> None:
+        """A policy principal may `action` (publish, subscribe, ack) only as itself, in its runs (run_id None: in
+        whichever run)."""
+        if run_id is not None:
+            self.require_run(run_id)
         if not self.is_admin and policy != self.policy:
             raise PermissionDenied(f"principal {self.name!r} may {action} only as policy {self.policy!r}, "
                                    f"not as {policy!r}")

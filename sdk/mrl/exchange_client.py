@@ -20,7 +20,8 @@ from collections.abc import Iterable
 import grpc
 
 from mrl import errors, experience
-from mrl.grpc_client import Backoff, BlockingClient, call, open_channel, retry_delay
+from mrl.connection import CHECK_TIMEOUT_S, check_request, checked
+from mrl.grpc_client import Backoff, BlockingClient, Connection, call, retry_delay
 from mrl.v1 import exchange_pb2 as xpb
 from mrl.v1 import exchange_pb2_grpc
 from mrl.v1 import experience_pb2 as pb
@@ -56,8 +57,8 @@ class _Requests:
     """The channel and token metadata, and request building and checking, shared by both clients."""
 
     def __init__(self, target: str, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int,
-                 aio: bool = False):
-        self.channel, self.metadata = open_channel(target, token, tls_root_cert, max_message_bytes, aio)
+                 aio: bool = False, token_source: str | None = None):
+        self.connection = Connection("exchange", target, token, tls_root_cert, max_message_bytes, aio, token_source)
         self.max_message_bytes = max_message_bytes
 
     @property
@@ -104,14 +105,16 @@ class _Requests:
 
 class ExchangeClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
-                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None):
-        self._req = _Requests(target, token, tls_root_cert, max_message_bytes)
-        self._channel = self._req.channel
-        self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, token_source: str | None = None):
+        """`token`: the bearer token, or None for the environment's MRL_TOKEN; `token_source` names where the caller
+        took it from, for the errors (mrl.grpc_client.Connection)."""
+        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, token_source=token_source)
+        self._connection = self._req.connection
+        self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._connection.channel)
         self.backoff = backoff or Backoff(attempts=None, budget_s=RETRY_BUDGET_S)
 
     def _call(self, method, request, retry: bool = False):
-        return call(method, request, self._req.metadata, self.backoff, retry)
+        return call(method, request, self._connection, self.backoff, retry)
 
     def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
         """Publish a batch (one run); retried while UNAVAILABLE, since publish is idempotent."""
@@ -190,7 +193,7 @@ class Subscription:
         """Like iterating, but one list of `Delivery` per message the exchange sends (to ack them in one call)."""
         delays = None
         while not self._closed:
-            self._call = self._client._stub.Subscribe(self._request, metadata=self._client._req.metadata)
+            self._call = self._client._stub.Subscribe(self._request, metadata=self._client._connection.metadata)
             if self._closed:  # closed from another thread while the call was being made
                 self._call.cancel()
                 return
@@ -205,23 +208,18 @@ class Subscription:
             except grpc.RpcError as exc:
                 if self._closed:
                     return
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise errors.from_rpc_error(exc) from exc
                 delays = delays or self._reconnect.delays()
-                delay = next(delays, None)
-                if delay is None:
-                    raise errors.from_rpc_error(exc) from exc
-                time.sleep(delay)
+                time.sleep(retry_delay(exc, delays, self._client._connection))
 
 
 class AsyncExchangeClient:
     """The asyncio twin of ExchangeClient."""
 
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
-                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None):
-        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, aio=True)
-        self._channel = self._req.channel
-        self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._channel)
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, token_source: str | None = None):
+        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, aio=True, token_source=token_source)
+        self._connection = self._req.connection
+        self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._connection.channel)
         self.backoff = backoff or Backoff(attempts=None, budget_s=RETRY_BUDGET_S)
 
     async def __aenter__(self):
@@ -231,15 +229,23 @@ class AsyncExchangeClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._connection.channel.close()
+
+    async def check(self, run_id: str = "", policy: str = ""):
+        """The connection check (mrl.connection), as ExchangeClient.check."""
+        try:
+            return await self._stub.WhoAmI(check_request(run_id, policy), metadata=self._connection.metadata,
+                                           timeout=CHECK_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            return checked(self._connection, exc)
 
     async def _call(self, method, request, retry: bool = False):
         delays = self.backoff.delays() if retry else iter(())
         while True:
             try:
-                return await method(request, metadata=self._req.metadata)
+                return await method(request, metadata=self._connection.metadata)
             except grpc.RpcError as exc:
-                await asyncio.sleep(retry_delay(exc, delays))
+                await asyncio.sleep(retry_delay(exc, delays, self._connection))
 
     async def publish(self, experiences: Iterable[pb.Experience]) -> xpb.PublishResponse:
         return await self._call(self._stub.Publish, self._req.publish(experiences), retry=True)
@@ -276,7 +282,7 @@ class AsyncExchangeClient:
             return await self.ack(run_id, subscriber, ids, subscription_id)
 
         while True:
-            call = self._stub.Subscribe(req, metadata=self._req.metadata)
+            call = self._stub.Subscribe(req, metadata=self._connection.metadata)
             try:
                 async for response in call:
                     subscription_id = response.subscription_id
@@ -286,12 +292,7 @@ class AsyncExchangeClient:
                         yield Delivery(d, ack)
                 return
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise errors.from_rpc_error(exc) from exc
                 delays = delays or (reconnect or Backoff(attempts=None)).delays()
-                delay = next(delays, None)
-                if delay is None:
-                    raise errors.from_rpc_error(exc) from exc
-                await asyncio.sleep(delay)
+                await asyncio.sleep(retry_delay(exc, delays, self._connection))
             finally:
                 call.cancel()

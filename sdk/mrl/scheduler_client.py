@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import grpc
 
 from mrl import errors
-from mrl.grpc_client import Backoff, BlockingClient, call, open_channel
+from mrl.grpc_client import Backoff, BlockingClient, Connection, call
 from mrl.v1 import scheduler_pb2 as spb
 from mrl.v1 import scheduler_pb2_grpc
 
@@ -45,13 +45,19 @@ DEFAULT_TTL_S = 30.0
 class SchedulerClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, run_id: str = "default", policy: str = "default",
                  worker: str | None = None, tls_root_cert: bytes | None = None, max_message_bytes: int = 4 << 20,
-                 backoff: Backoff | None = None):
-        """`run_id`, `policy` and `worker` (default: host-pid) are what every lease is acquired as."""
-        self._channel, self._metadata = open_channel(target, token, tls_root_cert, max_message_bytes)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+                 backoff: Backoff | None = None, token_source: str | None = None):
+        """`run_id`, `policy` and `worker` (default: host-pid) are what every lease is acquired as; `token` and
+        `token_source` as ExchangeClient's."""
+        self._connection = Connection("scheduler", target, token, tls_root_cert, max_message_bytes,
+                                      token_source=token_source)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._connection.channel)
         self.run_id, self.policy = run_id, policy
         self.worker = worker or f"{socket.gethostname()[:40]}-{os.getpid()}"
         self.backoff = backoff or Backoff()
+
+    def check(self, run_id: str | None = None, policy: str | None = None):
+        """The connection check (mrl.connection) as this client's run and policy, unless others are named."""
+        return super().check(self.run_id if run_id is None else run_id, self.policy if policy is None else policy)
 
     def acquire(self, devices: int = 1, phase: str = "rollout", *, min_memory_bytes: int = 0, same_node: bool = True,
                 ttl_s: float = DEFAULT_TTL_S, wait_timeout_s: float | None = None, step_cost: float = 0.0,
@@ -68,26 +74,26 @@ class SchedulerClient(BlockingClient):
                                      ttl_ms=int(ttl_s * 1000), wait_timeout_ms=wait_ms, step_cost=step_cost,
                                      device_ids=device_ids)
             try:
-                return call(self._stub.Acquire, req, self._metadata, self.backoff)
+                return call(self._stub.Acquire, req, self._connection, self.backoff)
             except errors.DeadlineExceeded:
                 if deadline is not None:
                     raise
 
     def renew(self, lease: spb.Lease, ttl_s: float = 0.0, timeout_s: float | None = None) -> spb.Lease:
         req = spb.RenewRequest(lease_id=lease.lease_id, fencing_token=lease.fencing_token, ttl_ms=int(ttl_s * 1000))
-        return call(self._stub.Renew, req, self._metadata, self.backoff, timeout=timeout_s)
+        return call(self._stub.Renew, req, self._connection, self.backoff, timeout=timeout_s)
 
     def release(self, lease: spb.Lease) -> bool:
         """False when it had ended already; retried while UNAVAILABLE (release is idempotent)."""
         req = spb.ReleaseRequest(lease_id=lease.lease_id, fencing_token=lease.fencing_token)
-        return call(self._stub.Release, req, self._metadata, self.backoff, retry=True).released
+        return call(self._stub.Release, req, self._connection, self.backoff, retry=True).released
 
     def inventory(self) -> spb.InventoryResponse:
-        return call(self._stub.Inventory, spb.InventoryRequest(), self._metadata, self.backoff, retry=True)
+        return call(self._stub.Inventory, spb.InventoryRequest(), self._connection, self.backoff, retry=True)
 
     def watch(self, policy: str = "") -> "LeaseWatch":
         """LeaseEvents of `policy` from now on (a policy principal: its own; '' for an admin: all)."""
-        return LeaseWatch(self._stub.Watch(spb.WatchRequest(policy=policy), metadata=self._metadata))
+        return LeaseWatch(self._stub.Watch(spb.WatchRequest(policy=policy), metadata=self._connection.metadata))
 
     def lease(self, devices: int = 1, phase: str = "rollout", *, on_lost: str = "interrupt", **acquire) -> "HeldLease":
         """Acquire now (keyword arguments as `acquire`); use the result as a context manager."""

@@ -66,3 +66,43 @@ def test_a_restarted_trainer_sends_what_its_outbox_holds(tmp_path, start_exchang
     assert (summary["step"], summary["unpublished"]) == (1, 0)
     with ExchangeClient(target) as client:
         assert _counts(client, run_id) == {"rollout": 6, "group_stats": 2, "policy_stats": 1}
+
+
+def test_unpublished_steps_are_counted_warned_and_stop_the_run_at_the_limit(tmp_path, start_exchange, run_id,
+                                                                             caplog):
+    """An exchange that stays down: each step that leaves its experience in the outbox counts and warns, and at
+    exchange.max_unpublished_steps the run stops, naming the exchange and the setting, rather than train solo."""
+    import pytest
+
+    from mrl.exchange_client import Backoff
+    from mrl_trainer.errors import TrainerError
+    first = start_exchange()
+    target = first.target
+    first.stop()
+    config = TrainerConfig.model_validate(tiny_config(tmp_path, run_id=run_id, steps=5, exchange={
+        "target": target, "tokenizer_id": "gpt2", "max_unpublished_steps": 2}))
+    with ExchangeClient(target, backoff=Backoff(attempts=1)) as client:
+        trainer = build_trainer(config, exchange=client)
+        with caplog.at_level("WARNING", logger="mrl.trainer"):
+            assert trainer.step()["unpublished_steps"] == 1
+        assert f"the exchange at {target} has taken nothing for 1 step(s) in a row" in caplog.text
+        with pytest.raises(TrainerError, match=f"exchange at {target} took nothing for 2 steps in a row "
+                                               r"\(exchange.max_unpublished_steps\)"):
+            trainer.step()
+        trainer.close()
+
+
+def test_the_trainer_checks_its_connection_before_loading_the_model(tmp_path, exchange, run_id):
+    """A trainer pointed at the exchange's REST port stops at once with what to fix, before its model is loaded
+    (here a model folder that does not exist: loading it would fail otherwise)."""
+    import pytest
+    import yaml
+
+    from mrl import errors
+    from mrl_trainer import app
+    path = tmp_path / "policy.yaml"
+    rest = f"127.0.0.1:{exchange.server.admin_port}"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, run_id=run_id, steps=1, model={
+        "source": "hf", "path": str(tmp_path / "no-such-model")}, exchange={"target": rest, "tokenizer_id": "gpt2"})))
+    with pytest.raises(errors.Unavailable, match=f"the exchange at {rest} .*this is the REST port"):
+        app.run(str(path))

@@ -29,7 +29,7 @@ def test_all_three_services_are_in_the_contract():
     methods = {s.name: {m.name for m in s.methods} for mod in (exchange_pb2, tokenizer_align_pb2, scheduler_pb2)
                for s in mod.DESCRIPTOR.services_by_name.values()}
     assert methods == {
-        "ExperienceExchange": {"Publish", "Subscribe", "Ack", "GetSuccesses", "ListTopics", "GetTopicStats"},
-        "TokenizerAlign": {"Align", "AlignBatch", "RegisterTokenizer", "ListTokenizers"},
-        "Scheduler": {"Acquire", "Renew", "Release", "Inventory", "Watch"},
+        "ExperienceExchange": {"Publish", "Subscribe", "Ack", "GetSuccesses", "ListTopics", "GetTopicStats", "WhoAmI"},
+        "TokenizerAlign": {"Align", "AlignBatch", "RegisterTokenizer", "ListTokenizers", "WhoAmI"},
+        "Scheduler": {"Acquire", "Renew", "Release", "Inventory", "Watch", "WhoAmI"},
     }

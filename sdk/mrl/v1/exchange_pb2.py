@@ -23,49 +23,50 @@ _sym_db = _symbol_database.Default()
 
 
 from mrl.v1 import experience_pb2 as mrl_dot_v1_dot_experience__pb2
+from mrl.v1 import identity_pb2 as mrl_dot_v1_dot_identity__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15mrl/v1/exchange.proto\x12\x06mrl.v1\x1a\x17mrl/v1/experience.proto\"9\n\x0ePublishRequest\x12\'\n\x0b\x65xperiences\x18\x01 \x03(\x0b\x32\x12.mrl.v1.Experience\"N\n\x0fPublishResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x15\n\rduplicate_ids\x18\x03 \x03(\t\"\xfd\x02\n\x10SubscribeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12%\n\x05kinds\x18\x03 \x03(\x0e\x32\x16.mrl.v1.ExperienceKind\x12\x11\n\tproducers\x18\x04 \x03(\t\x12\x13\n\x0binclude_own\x18\x05 \x01(\x08\x12$\n\x05start\x18\x06 \x01(\x0e\x32\x15.mrl.v1.StartPosition\x12\x15\n\rmax_in_flight\x18\x07 \x01(\r\x12\x1a\n\x12min_policy_version\x18\x08 \x01(\x04\x12\x1c\n\x0fmax_version_lag\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x1d\n\x15visibility_timeout_ms\x18\n \x01(\r\x12\x1a\n\x12max_response_bytes\x18\x0b \x01(\r\x12\x30\n\x10lag_exempt_kinds\x18\x0c \x03(\x0e\x32\x16.mrl.v1.ExperienceKindB\x12\n\x10_max_version_lag\"t\n\x08\x44\x65livery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12&\n\nexperience\x18\x02 \x01(\x0b\x32\x12.mrl.v1.Experience\x12\x13\n\x0bredelivered\x18\x03 \x01(\x08\x12\x16\n\x0e\x61ppended_at_ms\x18\x04 \x01(\x03\"R\n\x11SubscribeResponse\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12$\n\ndeliveries\x18\x02 \x03(\x0b\x32\x10.mrl.v1.Delivery\"_\n\nAckRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65livery_ids\x18\x04 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\r\"\x94\x01\n\x13GetSuccessesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12\x12\n\nprompt_ids\x18\x03 \x03(\t\x12\x11\n\tproducers\x18\x04 \x03(\t\x12\x16\n\x0emax_per_prompt\x18\x05 \x01(\r\x12\x1a\n\x12max_response_bytes\x18\x06 \x01(\r\"j\n\x14GetSuccessesResponse\x12%\n\tsuccesses\x18\x01 \x03(\x0b\x32\x12.mrl.v1.Experience\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x18\n\x10prompts_answered\x18\x03 \x01(\r\"#\n\x11ListTopicsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"O\n\x05Topic\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.mrl.v1.ExperienceKind\x12\x10\n\x08producer\x18\x03 \x01(\t\"3\n\x12ListTopicsResponse\x12\x1d\n\x06topics\x18\x01 \x03(\x0b\x32\r.mrl.v1.Topic\"^\n\x14GetTopicStatsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.mrl.v1.ExperienceKind\x12\x10\n\x08producer\x18\x03 \x01(\t\"t\n\x12\x43onsumerGroupStats\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x04\x12\x0b\n\x03lag\x18\x03 \x01(\x04\x12\x19\n\x11last_delivered_id\x18\x04 \x01(\t\x12\x11\n\tconsumers\x18\x05 \x01(\r\"\x96\x01\n\nTopicStats\x12\x1c\n\x05topic\x18\x01 \x01(\x0b\x32\r.mrl.v1.Topic\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x0f\n\x07last_id\x18\x03 \x01(\t\x12\x1d\n\x15latest_policy_version\x18\x04 \x01(\x04\x12*\n\x06groups\x18\x05 \x03(\x0b\x32\x1a.mrl.v1.ConsumerGroupStats\";\n\x15GetTopicStatsResponse\x12\"\n\x06topics\x18\x01 \x03(\x0b\x32\x12.mrl.v1.TopicStats*g\n\rStartPosition\x12\x1e\n\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x19\n\x15START_POSITION_LATEST\x10\x01\x12\x1b\n\x17START_POSITION_EARLIEST\x10\x02\x32\xa2\x03\n\x12\x45xperienceExchange\x12:\n\x07Publish\x12\x16.mrl.v1.PublishRequest\x1a\x17.mrl.v1.PublishResponse\x12\x42\n\tSubscribe\x12\x18.mrl.v1.SubscribeRequest\x1a\x19.mrl.v1.SubscribeResponse0\x01\x12.\n\x03\x41\x63k\x12\x12.mrl.v1.AckRequest\x1a\x13.mrl.v1.AckResponse\x12\x43\n\nListTopics\x12\x19.mrl.v1.ListTopicsRequest\x1a\x1a.mrl.v1.ListTopicsResponse\x12I\n\x0cGetSuccesses\x12\x1b.mrl.v1.GetSuccessesRequest\x1a\x1c.mrl.v1.GetSuccessesResponse\x12L\n\rGetTopicStats\x12\x1c.mrl.v1.GetTopicStatsRequest\x1a\x1d.mrl.v1.GetTopicStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15mrl/v1/exchange.proto\x12\x06mrl.v1\x1a\x17mrl/v1/experience.proto\x1a\x15mrl/v1/identity.proto\"9\n\x0ePublishRequest\x12\'\n\x0b\x65xperiences\x18\x01 \x03(\x0b\x32\x12.mrl.v1.Experience\"N\n\x0fPublishResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x15\n\rduplicate_ids\x18\x03 \x03(\t\"\xfd\x02\n\x10SubscribeRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12%\n\x05kinds\x18\x03 \x03(\x0e\x32\x16.mrl.v1.ExperienceKind\x12\x11\n\tproducers\x18\x04 \x03(\t\x12\x13\n\x0binclude_own\x18\x05 \x01(\x08\x12$\n\x05start\x18\x06 \x01(\x0e\x32\x15.mrl.v1.StartPosition\x12\x15\n\rmax_in_flight\x18\x07 \x01(\r\x12\x1a\n\x12min_policy_version\x18\x08 \x01(\x04\x12\x1c\n\x0fmax_version_lag\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x1d\n\x15visibility_timeout_ms\x18\n \x01(\r\x12\x1a\n\x12max_response_bytes\x18\x0b \x01(\r\x12\x30\n\x10lag_exempt_kinds\x18\x0c \x03(\x0e\x32\x16.mrl.v1.ExperienceKindB\x12\n\x10_max_version_lag\"t\n\x08\x44\x65livery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12&\n\nexperience\x18\x02 \x01(\x0b\x32\x12.mrl.v1.Experience\x12\x13\n\x0bredelivered\x18\x03 \x01(\x08\x12\x16\n\x0e\x61ppended_at_ms\x18\x04 \x01(\x03\"R\n\x11SubscribeResponse\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12$\n\ndeliveries\x18\x02 \x03(\x0b\x32\x10.mrl.v1.Delivery\"_\n\nAckRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65livery_ids\x18\x04 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\r\"\x94\x01\n\x13GetSuccessesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12\x12\n\nprompt_ids\x18\x03 \x03(\t\x12\x11\n\tproducers\x18\x04 \x03(\t\x12\x16\n\x0emax_per_prompt\x18\x05 \x01(\r\x12\x1a\n\x12max_response_bytes\x18\x06 \x01(\r\"j\n\x14GetSuccessesResponse\x12%\n\tsuccesses\x18\x01 \x03(\x0b\x32\x12.mrl.v1.Experience\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x18\n\x10prompts_answered\x18\x03 \x01(\r\"#\n\x11ListTopicsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"O\n\x05Topic\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.mrl.v1.ExperienceKind\x12\x10\n\x08producer\x18\x03 \x01(\t\"3\n\x12ListTopicsResponse\x12\x1d\n\x06topics\x18\x01 \x03(\x0b\x32\r.mrl.v1.Topic\"^\n\x14GetTopicStatsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.mrl.v1.ExperienceKind\x12\x10\n\x08producer\x18\x03 \x01(\t\"t\n\x12\x43onsumerGroupStats\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x04\x12\x0b\n\x03lag\x18\x03 \x01(\x04\x12\x19\n\x11last_delivered_id\x18\x04 \x01(\t\x12\x11\n\tconsumers\x18\x05 \x01(\r\"\x96\x01\n\nTopicStats\x12\x1c\n\x05topic\x18\x01 \x01(\x0b\x32\r.mrl.v1.Topic\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x0f\n\x07last_id\x18\x03 \x01(\t\x12\x1d\n\x15latest_policy_version\x18\x04 \x01(\x04\x12*\n\x06groups\x18\x05 \x03(\x0b\x32\x1a.mrl.v1.ConsumerGroupStats\";\n\x15GetTopicStatsResponse\x12\"\n\x06topics\x18\x01 \x03(\x0b\x32\x12.mrl.v1.TopicStats*g\n\rStartPosition\x12\x1e\n\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x19\n\x15START_POSITION_LATEST\x10\x01\x12\x1b\n\x17START_POSITION_EARLIEST\x10\x02\x32\xdb\x03\n\x12\x45xperienceExchange\x12:\n\x07Publish\x12\x16.mrl.v1.PublishRequest\x1a\x17.mrl.v1.PublishResponse\x12\x42\n\tSubscribe\x12\x18.mrl.v1.SubscribeRequest\x1a\x19.mrl.v1.SubscribeResponse0\x01\x12.\n\x03\x41\x63k\x12\x12.mrl.v1.AckRequest\x1a\x13.mrl.v1.AckResponse\x12\x43\n\nListTopics\x12\x19.mrl.v1.ListTopicsRequest\x1a\x1a.mrl.v1.ListTopicsResponse\x12I\n\x0cGetSuccesses\x12\x1b.mrl.v1.GetSuccessesRequest\x1a\x1c.mrl.v1.GetSuccessesResponse\x12L\n\rGetTopicStats\x12\x1c.mrl.v1.GetTopicStatsRequest\x1a\x1d.mrl.v1.GetTopicStatsResponse\x12\x37\n\x06WhoAmI\x12\x15.mrl.v1.WhoAmIRequest\x1a\x16.mrl.v1.WhoAmIResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mrl.v1.exchange_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STARTPOSITION']._serialized_start=1768
-  _globals['_STARTPOSITION']._serialized_end=1871
-  _globals['_PUBLISHREQUEST']._serialized_start=58
-  _globals['_PUBLISHREQUEST']._serialized_end=115
-  _globals['_PUBLISHRESPONSE']._serialized_start=117
-  _globals['_PUBLISHRESPONSE']._serialized_end=195
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=198
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=579
-  _globals['_DELIVERY']._serialized_start=581
-  _globals['_DELIVERY']._serialized_end=697
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=699
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=781
-  _globals['_ACKREQUEST']._serialized_start=783
-  _globals['_ACKREQUEST']._serialized_end=878
-  _globals['_ACKRESPONSE']._serialized_start=880
-  _globals['_ACKRESPONSE']._serialized_end=908
-  _globals['_GETSUCCESSESREQUEST']._serialized_start=911
-  _globals['_GETSUCCESSESREQUEST']._serialized_end=1059
-  _globals['_GETSUCCESSESRESPONSE']._serialized_start=1061
-  _globals['_GETSUCCESSESRESPONSE']._serialized_end=1167
-  _globals['_LISTTOPICSREQUEST']._serialized_start=1169
-  _globals['_LISTTOPICSREQUEST']._serialized_end=1204
-  _globals['_TOPIC']._serialized_start=1206
-  _globals['_TOPIC']._serialized_end=1285
-  _globals['_LISTTOPICSRESPONSE']._serialized_start=1287
-  _globals['_LISTTOPICSRESPONSE']._serialized_end=1338
-  _globals['_GETTOPICSTATSREQUEST']._serialized_start=1340
-  _globals['_GETTOPICSTATSREQUEST']._serialized_end=1434
-  _globals['_CONSUMERGROUPSTATS']._serialized_start=1436
-  _globals['_CONSUMERGROUPSTATS']._serialized_end=1552
-  _globals['_TOPICSTATS']._serialized_start=1555
-  _globals['_TOPICSTATS']._serialized_end=1705
-  _globals['_GETTOPICSTATSRESPONSE']._serialized_start=1707
-  _globals['_GETTOPICSTATSRESPONSE']._serialized_end=1766
-  _globals['_EXPERIENCEEXCHANGE']._serialized_start=1874
-  _globals['_EXPERIENCEEXCHANGE']._serialized_end=2292
+  _globals['_STARTPOSITION']._serialized_start=1791
+  _globals['_STARTPOSITION']._serialized_end=1894
+  _globals['_PUBLISHREQUEST']._serialized_start=81
+  _globals['_PUBLISHREQUEST']._serialized_end=138
+  _globals['_PUBLISHRESPONSE']._serialized_start=140
+  _globals['_PUBLISHRESPONSE']._serialized_end=218
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=221
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=602
+  _globals['_DELIVERY']._serialized_start=604
+  _globals['_DELIVERY']._serialized_end=720
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=722
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=804
+  _globals['_ACKREQUEST']._serialized_start=806
+  _globals['_ACKREQUEST']._serialized_end=901
+  _globals['_ACKRESPONSE']._serialized_start=903
+  _globals['_ACKRESPONSE']._serialized_end=931
+  _globals['_GETSUCCESSESREQUEST']._serialized_start=934
+  _globals['_GETSUCCESSESREQUEST']._serialized_end=1082
+  _globals['_GETSUCCESSESRESPONSE']._serialized_start=1084
+  _globals['_GETSUCCESSESRESPONSE']._serialized_end=1190
+  _globals['_LISTTOPICSREQUEST']._serialized_start=1192
+  _globals['_LISTTOPICSREQUEST']._serialized_end=1227
+  _globals['_TOPIC']._serialized_start=1229
+  _globals['_TOPIC']._serialized_end=1308
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=1310
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=1361
+  _globals['_GETTOPICSTATSREQUEST']._serialized_start=1363
+  _globals['_GETTOPICSTATSREQUEST']._serialized_end=1457
+  _globals['_CONSUMERGROUPSTATS']._serialized_start=1459
+  _globals['_CONSUMERGROUPSTATS']._serialized_end=1575
+  _globals['_TOPICSTATS']._serialized_start=1578
+  _globals['_TOPICSTATS']._serialized_end=1728
+  _globals['_GETTOPICSTATSRESPONSE']._serialized_start=1730
+  _globals['_GETTOPICSTATSRESPONSE']._serialized_end=1789
+  _globals['_EXPERIENCEEXCHANGE']._serialized_start=1897
+  _globals['_EXPERIENCEEXCHANGE']._serialized_end=2372
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from mrl.v1 import experience_pb2 as _experience_pb2
+from mrl.v1 import identity_pb2 as _identity_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from mrl.v1 import exchange_pb2 as mrl_dot_v1_dot_exchange__pb2
+from mrl.v1 import identity_pb2 as mrl_dot_v1_dot_identity__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -64,6 +65,11 @@ class ExperienceExchangeStub:
                 request_serializer=mrl_dot_v1_dot_exchange__pb2.GetTopicStatsRequest.SerializeToString,
                 response_deserializer=mrl_dot_v1_dot_exchange__pb2.GetTopicStatsResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/mrl.v1.ExperienceExchange/WhoAmI',
+                request_serializer=mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class ExperienceExchangeServicer:
@@ -121,6 +127,14 @@ class ExperienceExchangeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """The connection check (identity.proto): who the token is, and whether it may act as the request's
+        policy in its run. Cheap (no backend call); the clients make it before any work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExperienceExchangeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +167,11 @@ def add_ExperienceExchangeServicer_to_server(servicer, server):
                     servicer.GetTopicStats,
                     request_deserializer=mrl_dot_v1_dot_exchange__pb2.GetTopicStatsRequest.FromString,
                     response_serializer=mrl_dot_v1_dot_exchange__pb2.GetTopicStatsResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.FromString,
+                    response_serializer=mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +336,33 @@ class ExperienceExchange:
             '/mrl.v1.ExperienceExchange/GetTopicStats',
             mrl_dot_v1_dot_exchange__pb2.GetTopicStatsRequest.SerializeToString,
             mrl_dot_v1_dot_exchange__pb2.GetTopicStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mrl.v1.ExperienceExchange/WhoAmI',
+            mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
+            mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,37 +23,38 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from mrl.v1 import identity_pb2 as mrl_dot_v1_dot_identity__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mrl/v1/scheduler.proto\x12\x06mrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"~\n\x06\x44\x65vice\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x10\n\x08lease_id\x18\x06 \x01(\t\x12\x0e\n\x06leased\x18\x07 \x01(\x08\"\xdd\x01\n\x0e\x41\x63quireRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x05 \x01(\r\x12\x18\n\x10min_memory_bytes\x18\x06 \x01(\x04\x12\x11\n\tsame_node\x18\x07 \x01(\x08\x12\x0e\n\x06ttl_ms\x18\x08 \x01(\r\x12\x17\n\x0fwait_timeout_ms\x18\t \x01(\r\x12\x11\n\tstep_cost\x18\n \x01(\x01\x12\x12\n\ndevice_ids\x18\x0b \x03(\t\"\xb0\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12\x1f\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x0e.mrl.v1.Device\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x0e\n\x06worker\x18\x06 \x01(\t\x12\r\n\x05phase\x18\x07 \x01(\t\"G\n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\"9\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x12\n\x10InventoryRequest\"c\n\x11InventoryResponse\x12\x1f\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0e.mrl.v1.Device\x12\x1d\n\x06leases\x18\x02 \x03(\x0b\x32\r.mrl.v1.Lease\x12\x0e\n\x06queued\x18\x03 \x01(\r\"\x1e\n\x0cWatchRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"x\n\nLeaseEvent\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.mrl.v1.LeaseEventType\x12\x1c\n\x05lease\x18\x02 \x01(\x0b\x32\r.mrl.v1.Lease\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xab\x01\n\x0eLeaseEventType\x12 \n\x1cLEASE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18LEASE_EVENT_TYPE_GRANTED\x10\x01\x12\x1d\n\x19LEASE_EVENT_TYPE_RELEASED\x10\x02\x12\x1c\n\x18LEASE_EVENT_TYPE_EXPIRED\x10\x03\x12\x1c\n\x18LEASE_EVENT_TYPE_REVOKED\x10\x04\x32\x9e\x02\n\tScheduler\x12\x30\n\x07\x41\x63quire\x12\x16.mrl.v1.AcquireRequest\x1a\r.mrl.v1.Lease\x12,\n\x05Renew\x12\x14.mrl.v1.RenewRequest\x1a\r.mrl.v1.Lease\x12:\n\x07Release\x12\x16.mrl.v1.ReleaseRequest\x1a\x17.mrl.v1.ReleaseResponse\x12@\n\tInventory\x12\x18.mrl.v1.InventoryRequest\x1a\x19.mrl.v1.InventoryResponse\x12\x33\n\x05Watch\x12\x14.mrl.v1.WatchRequest\x1a\x12.mrl.v1.LeaseEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16mrl/v1/scheduler.proto\x12\x06mrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15mrl/v1/identity.proto\"~\n\x06\x44\x65vice\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x10\n\x08lease_id\x18\x06 \x01(\t\x12\x0e\n\x06leased\x18\x07 \x01(\x08\"\xdd\x01\n\x0e\x41\x63quireRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x05 \x01(\r\x12\x18\n\x10min_memory_bytes\x18\x06 \x01(\x04\x12\x11\n\tsame_node\x18\x07 \x01(\x08\x12\x0e\n\x06ttl_ms\x18\x08 \x01(\r\x12\x17\n\x0fwait_timeout_ms\x18\t \x01(\r\x12\x11\n\tstep_cost\x18\n \x01(\x01\x12\x12\n\ndevice_ids\x18\x0b \x03(\t\"\xb0\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12\x1f\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x0e.mrl.v1.Device\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x0e\n\x06worker\x18\x06 \x01(\t\x12\r\n\x05phase\x18\x07 \x01(\t\"G\n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\"9\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x12\n\x10InventoryRequest\"c\n\x11InventoryResponse\x12\x1f\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0e.mrl.v1.Device\x12\x1d\n\x06leases\x18\x02 \x03(\x0b\x32\r.mrl.v1.Lease\x12\x0e\n\x06queued\x18\x03 \x01(\r\"\x1e\n\x0cWatchRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"x\n\nLeaseEvent\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.mrl.v1.LeaseEventType\x12\x1c\n\x05lease\x18\x02 \x01(\x0b\x32\r.mrl.v1.Lease\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xab\x01\n\x0eLeaseEventType\x12 \n\x1cLEASE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18LEASE_EVENT_TYPE_GRANTED\x10\x01\x12\x1d\n\x19LEASE_EVENT_TYPE_RELEASED\x10\x02\x12\x1c\n\x18LEASE_EVENT_TYPE_EXPIRED\x10\x03\x12\x1c\n\x18LEASE_EVENT_TYPE_REVOKED\x10\x04\x32\xd7\x02\n\tScheduler\x12\x30\n\x07\x41\x63quire\x12\x16.mrl.v1.AcquireRequest\x1a\r.mrl.v1.Lease\x12,\n\x05Renew\x12\x14.mrl.v1.RenewRequest\x1a\r.mrl.v1.Lease\x12:\n\x07Release\x12\x16.mrl.v1.ReleaseRequest\x1a\x17.mrl.v1.ReleaseResponse\x12@\n\tInventory\x12\x18.mrl.v1.InventoryRequest\x1a\x19.mrl.v1.InventoryResponse\x12\x33\n\x05Watch\x12\x14.mrl.v1.WatchRequest\x1a\x12.mrl.v1.LeaseEvent0\x01\x12\x37\n\x06WhoAmI\x12\x15.mrl.v1.WhoAmIRequest\x1a\x16.mrl.v1.WhoAmIResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mrl.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEASEEVENTTYPE']._serialized_start=1043
-  _globals['_LEASEEVENTTYPE']._serialized_end=1214
-  _globals['_DEVICE']._serialized_start=67
-  _globals['_DEVICE']._serialized_end=193
-  _globals['_ACQUIREREQUEST']._serialized_start=196
-  _globals['_ACQUIREREQUEST']._serialized_end=417
-  _globals['_LEASE']._serialized_start=420
-  _globals['_LEASE']._serialized_end=596
-  _globals['_RENEWREQUEST']._serialized_start=598
-  _globals['_RENEWREQUEST']._serialized_end=669
-  _globals['_RELEASEREQUEST']._serialized_start=671
-  _globals['_RELEASEREQUEST']._serialized_end=728
-  _globals['_RELEASERESPONSE']._serialized_start=730
-  _globals['_RELEASERESPONSE']._serialized_end=765
-  _globals['_INVENTORYREQUEST']._serialized_start=767
-  _globals['_INVENTORYREQUEST']._serialized_end=785
-  _globals['_INVENTORYRESPONSE']._serialized_start=787
-  _globals['_INVENTORYRESPONSE']._serialized_end=886
-  _globals['_WATCHREQUEST']._serialized_start=888
-  _globals['_WATCHREQUEST']._serialized_end=918
-  _globals['_LEASEEVENT']._serialized_start=920
-  _globals['_LEASEEVENT']._serialized_end=1040
-  _globals['_SCHEDULER']._serialized_start=1217
-  _globals['_SCHEDULER']._serialized_end=1503
+  _globals['_LEASEEVENTTYPE']._serialized_start=1066
+  _globals['_LEASEEVENTTYPE']._serialized_end=1237
+  _globals['_DEVICE']._serialized_start=90
+  _globals['_DEVICE']._serialized_end=216
+  _globals['_ACQUIREREQUEST']._serialized_start=219
+  _globals['_ACQUIREREQUEST']._serialized_end=440
+  _globals['_LEASE']._serialized_start=443
+  _globals['_LEASE']._serialized_end=619
+  _globals['_RENEWREQUEST']._serialized_start=621
+  _globals['_RENEWREQUEST']._serialized_end=692
+  _globals['_RELEASEREQUEST']._serialized_start=694
+  _globals['_RELEASEREQUEST']._serialized_end=751
+  _globals['_RELEASERESPONSE']._serialized_start=753
+  _globals['_RELEASERESPONSE']._serialized_end=788
+  _globals['_INVENTORYREQUEST']._serialized_start=790
+  _globals['_INVENTORYREQUEST']._serialized_end=808
+  _globals['_INVENTORYRESPONSE']._serialized_start=810
+  _globals['_INVENTORYRESPONSE']._serialized_end=909
+  _globals['_WATCHREQUEST']._serialized_start=911
+  _globals['_WATCHREQUEST']._serialized_end=941
+  _globals['_LEASEEVENT']._serialized_start=943
+  _globals['_LEASEEVENT']._serialized_end=1063
+  _globals['_SCHEDULER']._serialized_start=1240
+  _globals['_SCHEDULER']._serialized_end=1583
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from mrl.v1 import identity_pb2 as mrl_dot_v1_dot_identity__pb2
 from mrl.v1 import scheduler_pb2 as mrl_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -59,6 +60,11 @@ class SchedulerStub:
                 request_serializer=mrl_dot_v1_dot_scheduler__pb2.WatchRequest.SerializeToString,
                 response_deserializer=mrl_dot_v1_dot_scheduler__pb2.LeaseEvent.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/mrl.v1.Scheduler/WhoAmI',
+                request_serializer=mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -96,6 +102,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """The connection check (identity.proto): who the token is, and whether it may act as the request's
+        policy in its run. Cheap (no backend call); the clients make it before any work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +137,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=mrl_dot_v1_dot_scheduler__pb2.WatchRequest.FromString,
                     response_serializer=mrl_dot_v1_dot_scheduler__pb2.LeaseEvent.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.FromString,
+                    response_serializer=mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +279,33 @@ class Scheduler:
             '/mrl.v1.Scheduler/Watch',
             mrl_dot_v1_dot_scheduler__pb2.WatchRequest.SerializeToString,
             mrl_dot_v1_dot_scheduler__pb2.LeaseEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mrl.v1.Scheduler/WhoAmI',
+            mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
+            mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,39 +22,40 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from mrl.v1 import identity_pb2 as mrl_dot_v1_dot_identity__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmrl/v1/tokenizer_align.proto\x12\x06mrl.v1\"P\n\x05Trace\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x02\x12)\n\treduction\x18\x03 \x01(\x0e\x32\x16.mrl.v1.TraceReduction\"\x96\x01\n\x0c\x41lignRequest\x12\x1b\n\x13source_tokenizer_id\x18\x01 \x01(\t\x12\x12\n\nsource_ids\x18\x02 \x03(\r\x12\x1d\n\x06traces\x18\x03 \x03(\x0b\x32\r.mrl.v1.Trace\x12\x1b\n\x13target_tokenizer_id\x18\x04 \x01(\t\x12\x19\n\x11target_prompt_ids\x18\x05 \x03(\r\"\xb4\x03\n\x0eResidualReport\x12\x10\n\x08lossless\x18\x01 \x01(\x08\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r\x12\x18\n\x10one_to_one_share\x18\x03 \x01(\x01\x12\x1d\n\x15one_to_one_byte_share\x18\x04 \x01(\x01\x12$\n\x1cmean_source_tokens_per_chunk\x18\x05 \x01(\x01\x12$\n\x1cmean_target_tokens_per_chunk\x18\x06 \x01(\x01\x12#\n\x1bmax_source_tokens_per_chunk\x18\x07 \x01(\r\x12#\n\x1bmax_target_tokens_per_chunk\x18\x08 \x01(\r\x12\x15\n\rdropped_bytes\x18\t \x01(\r\x12\x1a\n\x12invalid_utf8_bytes\x18\n \x01(\r\x12\x1b\n\x13normalizer_mismatch\x18\x0b \x01(\x08\x12\x17\n\x0fmapped_specials\x18\x0c \x01(\r\x12\x18\n\x10\x64ropped_specials\x18\r \x01(\r\x12\x11\n\ttruncated\x18\x0e \x01(\x08\x12\x1b\n\x13source_noncanonical\x18\x0f \x01(\x08\"\xbe\x01\n\rAlignResponse\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12\x14\n\x0csource_chunk\x18\x02 \x03(\r\x12\x14\n\x0ctarget_chunk\x18\x03 \x03(\r\x12\x1d\n\x06traces\x18\x04 \x03(\x0b\x32\r.mrl.v1.Trace\x12(\n\x08residual\x18\x05 \x01(\x0b\x32\x16.mrl.v1.ResidualReport\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x16\n\x0eresponse_start\x18\x07 \x01(\r\";\n\x11\x41lignBatchRequest\x12&\n\x08requests\x18\x01 \x03(\x0b\x32\x14.mrl.v1.AlignRequest\"i\n\x12\x41lignBatchResponse\x12(\n\tresponses\x18\x01 \x03(\x0b\x32\x15.mrl.v1.AlignResponse\x12)\n\taggregate\x18\x02 \x01(\x0b\x32\x16.mrl.v1.ResidualReport\">\n\x18RegisterTokenizerRequest\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"u\n\rTokenizerInfo\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x12\n\nbyte_exact\x18\x04 \x01(\x08\x12\x16\n\x0e\x63ontent_sha256\x18\x05 \x01(\t\"E\n\x19RegisterTokenizerResponse\x12(\n\ttokenizer\x18\x01 \x01(\x0b\x32\x15.mrl.v1.TokenizerInfo\"\x17\n\x15ListTokenizersRequest\"C\n\x16ListTokenizersResponse\x12)\n\ntokenizers\x18\x01 \x03(\x0b\x32\x15.mrl.v1.TokenizerInfo*\x9c\x01\n\x0eTraceReduction\x12\x1f\n\x1bTRACE_REDUCTION_UNSPECIFIED\x10\x00\x12\x17\n\x13TRACE_REDUCTION_SUM\x10\x01\x12\x17\n\x13TRACE_REDUCTION_ALL\x10\x02\x12\x18\n\x14TRACE_REDUCTION_MEAN\x10\x03\x12\x1d\n\x19TRACE_REDUCTION_BROADCAST\x10\x04\x32\xb6\x02\n\x0eTokenizerAlign\x12\x34\n\x05\x41lign\x12\x14.mrl.v1.AlignRequest\x1a\x15.mrl.v1.AlignResponse\x12\x43\n\nAlignBatch\x12\x19.mrl.v1.AlignBatchRequest\x1a\x1a.mrl.v1.AlignBatchResponse\x12X\n\x11RegisterTokenizer\x12 .mrl.v1.RegisterTokenizerRequest\x1a!.mrl.v1.RegisterTokenizerResponse\x12O\n\x0eListTokenizers\x12\x1d.mrl.v1.ListTokenizersRequest\x1a\x1e.mrl.v1.ListTokenizersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmrl/v1/tokenizer_align.proto\x12\x06mrl.v1\x1a\x15mrl/v1/identity.proto\"P\n\x05Trace\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x02\x12)\n\treduction\x18\x03 \x01(\x0e\x32\x16.mrl.v1.TraceReduction\"\x96\x01\n\x0c\x41lignRequest\x12\x1b\n\x13source_tokenizer_id\x18\x01 \x01(\t\x12\x12\n\nsource_ids\x18\x02 \x03(\r\x12\x1d\n\x06traces\x18\x03 \x03(\x0b\x32\r.mrl.v1.Trace\x12\x1b\n\x13target_tokenizer_id\x18\x04 \x01(\t\x12\x19\n\x11target_prompt_ids\x18\x05 \x03(\r\"\xb4\x03\n\x0eResidualReport\x12\x10\n\x08lossless\x18\x01 \x01(\x08\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r\x12\x18\n\x10one_to_one_share\x18\x03 \x01(\x01\x12\x1d\n\x15one_to_one_byte_share\x18\x04 \x01(\x01\x12$\n\x1cmean_source_tokens_per_chunk\x18\x05 \x01(\x01\x12$\n\x1cmean_target_tokens_per_chunk\x18\x06 \x01(\x01\x12#\n\x1bmax_source_tokens_per_chunk\x18\x07 \x01(\r\x12#\n\x1bmax_target_tokens_per_chunk\x18\x08 \x01(\r\x12\x15\n\rdropped_bytes\x18\t \x01(\r\x12\x1a\n\x12invalid_utf8_bytes\x18\n \x01(\r\x12\x1b\n\x13normalizer_mismatch\x18\x0b \x01(\x08\x12\x17\n\x0fmapped_specials\x18\x0c \x01(\r\x12\x18\n\x10\x64ropped_specials\x18\r \x01(\r\x12\x11\n\ttruncated\x18\x0e \x01(\x08\x12\x1b\n\x13source_noncanonical\x18\x0f \x01(\x08\"\xbe\x01\n\rAlignResponse\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12\x14\n\x0csource_chunk\x18\x02 \x03(\r\x12\x14\n\x0ctarget_chunk\x18\x03 \x03(\r\x12\x1d\n\x06traces\x18\x04 \x03(\x0b\x32\r.mrl.v1.Trace\x12(\n\x08residual\x18\x05 \x01(\x0b\x32\x16.mrl.v1.ResidualReport\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x16\n\x0eresponse_start\x18\x07 \x01(\r\";\n\x11\x41lignBatchRequest\x12&\n\x08requests\x18\x01 \x03(\x0b\x32\x14.mrl.v1.AlignRequest\"i\n\x12\x41lignBatchResponse\x12(\n\tresponses\x18\x01 \x03(\x0b\x32\x15.mrl.v1.AlignResponse\x12)\n\taggregate\x18\x02 \x01(\x0b\x32\x16.mrl.v1.ResidualReport\">\n\x18RegisterTokenizerRequest\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"u\n\rTokenizerInfo\x12\x14\n\x0ctokenizer_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x12\n\nbyte_exact\x18\x04 \x01(\x08\x12\x16\n\x0e\x63ontent_sha256\x18\x05 \x01(\t\"E\n\x19RegisterTokenizerResponse\x12(\n\ttokenizer\x18\x01 \x01(\x0b\x32\x15.mrl.v1.TokenizerInfo\"\x17\n\x15ListTokenizersRequest\"C\n\x16ListTokenizersResponse\x12)\n\ntokenizers\x18\x01 \x03(\x0b\x32\x15.mrl.v1.TokenizerInfo*\x9c\x01\n\x0eTraceReduction\x12\x1f\n\x1bTRACE_REDUCTION_UNSPECIFIED\x10\x00\x12\x17\n\x13TRACE_REDUCTION_SUM\x10\x01\x12\x17\n\x13TRACE_REDUCTION_ALL\x10\x02\x12\x18\n\x14TRACE_REDUCTION_MEAN\x10\x03\x12\x1d\n\x19TRACE_REDUCTION_BROADCAST\x10\x04\x32\xef\x02\n\x0eTokenizerAlign\x12\x34\n\x05\x41lign\x12\x14.mrl.v1.AlignRequest\x1a\x15.mrl.v1.AlignResponse\x12\x43\n\nAlignBatch\x12\x19.mrl.v1.AlignBatchRequest\x1a\x1a.mrl.v1.AlignBatchResponse\x12X\n\x11RegisterTokenizer\x12 .mrl.v1.RegisterTokenizerRequest\x1a!.mrl.v1.RegisterTokenizerResponse\x12O\n\x0eListTokenizers\x12\x1d.mrl.v1.ListTokenizersRequest\x1a\x1e.mrl.v1.ListTokenizersResponse\x12\x37\n\x06WhoAmI\x12\x15.mrl.v1.WhoAmIRequest\x1a\x16.mrl.v1.WhoAmIResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mrl.v1.tokenizer_align_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRACEREDUCTION']._serialized_start=1424
-  _globals['_TRACEREDUCTION']._serialized_end=1580
-  _globals['_TRACE']._serialized_start=40
-  _globals['_TRACE']._serialized_end=120
-  _globals['_ALIGNREQUEST']._serialized_start=123
-  _globals['_ALIGNREQUEST']._serialized_end=273
-  _globals['_RESIDUALREPORT']._serialized_start=276
-  _globals['_RESIDUALREPORT']._serialized_end=712
-  _globals['_ALIGNRESPONSE']._serialized_start=715
-  _globals['_ALIGNRESPONSE']._serialized_end=905
-  _globals['_ALIGNBATCHREQUEST']._serialized_start=907
-  _globals['_ALIGNBATCHREQUEST']._serialized_end=966
-  _globals['_ALIGNBATCHRESPONSE']._serialized_start=968
-  _globals['_ALIGNBATCHRESPONSE']._serialized_end=1073
-  _globals['_REGISTERTOKENIZERREQUEST']._serialized_start=1075
-  _globals['_REGISTERTOKENIZERREQUEST']._serialized_end=1137
-  _globals['_TOKENIZERINFO']._serialized_start=1139
-  _globals['_TOKENIZERINFO']._serialized_end=1256
-  _globals['_REGISTERTOKENIZERRESPONSE']._serialized_start=1258
-  _globals['_REGISTERTOKENIZERRESPONSE']._serialized_end=1327
-  _globals['_LISTTOKENIZERSREQUEST']._serialized_start=1329
-  _globals['_LISTTOKENIZERSREQUEST']._serialized_end=1352
-  _globals['_LISTTOKENIZERSRESPONSE']._serialized_start=1354
-  _globals['_LISTTOKENIZERSRESPONSE']._serialized_end=1421
-  _globals['_TOKENIZERALIGN']._serialized_start=1583
-  _globals['_TOKENIZERALIGN']._serialized_end=1893
+  _globals['_TRACEREDUCTION']._serialized_start=1447
+  _globals['_TRACEREDUCTION']._serialized_end=1603
+  _globals['_TRACE']._serialized_start=63
+  _globals['_TRACE']._serialized_end=143
+  _globals['_ALIGNREQUEST']._serialized_start=146
+  _globals['_ALIGNREQUEST']._serialized_end=296
+  _globals['_RESIDUALREPORT']._serialized_start=299
+  _globals['_RESIDUALREPORT']._serialized_end=735
+  _globals['_ALIGNRESPONSE']._serialized_start=738
+  _globals['_ALIGNRESPONSE']._serialized_end=928
+  _globals['_ALIGNBATCHREQUEST']._serialized_start=930
+  _globals['_ALIGNBATCHREQUEST']._serialized_end=989
+  _globals['_ALIGNBATCHRESPONSE']._serialized_start=991
+  _globals['_ALIGNBATCHRESPONSE']._serialized_end=1096
+  _globals['_REGISTERTOKENIZERREQUEST']._serialized_start=1098
+  _globals['_REGISTERTOKENIZERREQUEST']._serialized_end=1160
+  _globals['_TOKENIZERINFO']._serialized_start=1162
+  _globals['_TOKENIZERINFO']._serialized_end=1279
+  _globals['_REGISTERTOKENIZERRESPONSE']._serialized_start=1281
+  _globals['_REGISTERTOKENIZERRESPONSE']._serialized_end=1350
+  _globals['_LISTTOKENIZERSREQUEST']._serialized_start=1352
+  _globals['_LISTTOKENIZERSREQUEST']._serialized_end=1375
+  _globals['_LISTTOKENIZERSRESPONSE']._serialized_start=1377
+  _globals['_LISTTOKENIZERSRESPONSE']._serialized_end=1444
+  _globals['_TOKENIZERALIGN']._serialized_start=1606
+  _globals['_TOKENIZERALIGN']._serialized_end=1973
 # @@protoc_insertion_point(module_scope)

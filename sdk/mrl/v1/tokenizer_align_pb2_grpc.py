@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from mrl.v1 import identity_pb2 as mrl_dot_v1_dot_identity__pb2
 from mrl.v1 import tokenizer_align_pb2 as mrl_dot_v1_dot_tokenizer__align__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -54,6 +55,11 @@ class TokenizerAlignStub:
                 request_serializer=mrl_dot_v1_dot_tokenizer__align__pb2.ListTokenizersRequest.SerializeToString,
                 response_deserializer=mrl_dot_v1_dot_tokenizer__align__pb2.ListTokenizersResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/mrl.v1.TokenizerAlign/WhoAmI',
+                request_serializer=mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
 
 
 class TokenizerAlignServicer:
@@ -84,6 +90,14 @@ class TokenizerAlignServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """The connection check (identity.proto): who the token is, and whether it may act as the request's
+        policy in its run. Cheap (no backend call); the clients make it before any work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenizerAlignServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +120,11 @@ def add_TokenizerAlignServicer_to_server(servicer, server):
                     servicer.ListTokenizers,
                     request_deserializer=mrl_dot_v1_dot_tokenizer__align__pb2.ListTokenizersRequest.FromString,
                     response_serializer=mrl_dot_v1_dot_tokenizer__align__pb2.ListTokenizersResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.FromString,
+                    response_serializer=mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +235,33 @@ class TokenizerAlign:
             '/mrl.v1.TokenizerAlign/ListTokenizers',
             mrl_dot_v1_dot_tokenizer__align__pb2.ListTokenizersRequest.SerializeToString,
             mrl_dot_v1_dot_tokenizer__align__pb2.ListTokenizersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mrl.v1.TokenizerAlign/WhoAmI',
+            mrl_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
+            mrl_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,8 +4,9 @@ import grpc
 from mrl import experience
 from mrl.auth import Authenticator, Principal
 from mrl_serving.ratelimit import RateLimiter
-from mrl_serving.server import grpc_principal
+from mrl_serving.server import grpc_principal, who_am_i
 from mrl.v1 import exchange_pb2 as xpb
+from mrl.v1 import identity_pb2 as ipb
 from mrl_exchange.core import Exchange
 from mrl_exchange.subscription import Subscription
 from mrl_exchange.successes import get_successes
@@ -64,3 +65,5 @@ class ExchangeServicer:
         stats = await self.exchange.topic_stats(request.run_id, kind, request.producer)
         return xpb.GetTopicStatsResponse(topics=stats)
 
+    async def WhoAmI(self, request: ipb.WhoAmIRequest, context) -> ipb.WhoAmIResponse:
+        return who_am_i(await self._principal(context), self.auth, request, "mrl.v1.ExperienceExchange")

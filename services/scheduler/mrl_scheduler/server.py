@@ -9,7 +9,8 @@ from mrl import experience
 from mrl.auth import Authenticator, Principal
 from mrl.errors import PermissionDenied
 from mrl_serving.ratelimit import RateLimiter
-from mrl_serving.server import grpc_principal
+from mrl_serving.server import grpc_principal, who_am_i
+from mrl.v1 import identity_pb2 as ipb
 from mrl.v1 import scheduler_pb2 as spb
 from mrl_scheduler.dispatch import Dispatcher
 
@@ -44,6 +45,9 @@ class SchedulerServicer:
         self.core.check_lease_args(request.lease_id, request.fencing_token)
         await self._require_holder(principal, request.lease_id, "release")
         return spb.ReleaseResponse(released=await self.dispatcher.release(request.lease_id, request.fencing_token))
+
+    async def WhoAmI(self, request: ipb.WhoAmIRequest, context) -> ipb.WhoAmIResponse:
+        return who_am_i(await self._principal(context), self.auth, request, "mrl.v1.Scheduler")
 
     async def Inventory(self, request: spb.InventoryRequest, context) -> spb.InventoryResponse:
         principal = await self._principal(context)

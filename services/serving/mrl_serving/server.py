@@ -37,13 +37,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, Field
 
 from mrl.auth import Authenticator, Principal
+from mrl.experience import validate_name
+from mrl.v1 import identity_pb2 as ipb
 from mrl_serving.embedded_redis import EmbeddedRedis
 from mrl.errors import MrlError, Unauthenticated, Unavailable
 from mrl_serving.grpc_service import add_health_and_reflection, add_service, authorization, bind, follow_health
 from mrl_serving.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from mrl_serving.settings import ServerSettings
 
-__all__ = ["ErrorBody", "ServiceServer", "grpc_principal", "message_schema", "proto_json", "rest_app",
+__all__ = ["ErrorBody", "ServiceServer", "grpc_principal", "who_am_i", "message_schema", "proto_json", "rest_app",
            "run_until_signal", "serve_service"]
 
 log = logging.getLogger("mrl_serving.server")
@@ -117,6 +119,19 @@ async def grpc_principal(auth: Authenticator, limiter: RateLimiter, context,
         raise
     await limiter.take(principal.name, cost)
     return principal
+
+
+def who_am_i(principal: Principal, auth: Authenticator, request: ipb.WhoAmIRequest, service: str
+             ) -> ipb.WhoAmIResponse:
+    """The connection check (identity.proto): the principal, and PermissionDenied when it is outside the request's
+    run or may not act as its policy, as the service's real calls would refuse it."""
+    run_id = validate_name("run_id", request.run_id) if request.run_id else None
+    if run_id is not None:
+        principal.require_run(run_id)
+    if request.policy:
+        principal.require_policy(validate_name("policy", request.policy), run_id, "act")
+    return ipb.WhoAmIResponse(principal=principal.name, role=principal.role, policy=principal.policy or "",
+                              auth=auth.enabled, service=service)
 
 
 def _host(peer: str) -> str:

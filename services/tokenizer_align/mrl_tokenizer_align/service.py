@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from mrl.auth import Authenticator
 from mrl.errors import InvalidArgument
 from mrl_serving.ratelimit import RateLimiter
-from mrl_serving.server import grpc_principal, proto_json, rest_app
+from mrl_serving.server import grpc_principal, proto_json, rest_app, who_am_i
 from mrl.v1 import tokenizer_align_pb2 as tpb
 from mrl_tokenizer_align.align import Alignment, Trace, align
 from mrl_tokenizer_align.metrics import AlignMetrics
@@ -135,6 +135,9 @@ class AlignServicer:
     async def ListTokenizers(self, request, context):
         await self._principal(context)
         return self.aligner.list()
+
+    async def WhoAmI(self, request, context):
+        return who_am_i(await self._principal(context), self.auth, request, "mrl.v1.TokenizerAlign")
 
 
 def _check_reductions(doc: dict) -> None:

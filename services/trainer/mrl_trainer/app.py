@@ -22,7 +22,6 @@ policy first, so that no policy takes its first step while a peer it waits for i
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -30,6 +29,7 @@ import threading
 import yaml
 
 from mrl_trainer.config import load_config
+from mrl_trainer.connections import check_connections
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.outbox import Outbox
 from mrl_trainer.sft import WarmStartStopped
@@ -69,8 +69,10 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
         if config.exchange and ranks.main:
             from mrl.exchange_client import Backoff, ExchangeClient
             exchange = stack.enter_context(ExchangeClient(
-                config.exchange.target, config.exchange.token or os.environ.get("MRL_TOKEN"),
+                config.exchange.target, config.exchange.token, token_source=config.source("exchange.token"),
                 backoff=Backoff(attempts=None, budget_s=PUBLISH_BUDGET_S)))
+        if ranks.main:
+            check_connections(config, exchange)
         try:
             trainer = build_trainer(config, exchange=exchange, ranks=ranks, should_stop=stop.is_set)
         except WarmStartStopped as exc:

@@ -10,18 +10,21 @@
     eval, checkpoint, metrics, exchange, scheduler
     tracking            the experiment trackers every metric also goes to (mrl_trainer.tracking)
 
-`load_config(path)` reads a YAML file; relative paths in it are relative to that file.
+`load_config(path)` reads a YAML file; relative paths in it are relative to that file. Its connection settings
+(the services' targets and tokens) follow mrl.precedence: `--set` > the environment (MRL_TOKEN, MRL_*_TARGET) > the
+file > the default, and `config.source(key)` names where each came from, for the errors.
 """
 import os
 import pathlib
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from mrl.assets import expand
 from mrl.errors import InvalidArgument
 from mrl.experience import validate_name
+from mrl.precedence import ENVIRONMENT, resolve
 from mrl_trainer.errors import TrainerError
 from mrl.algorithms import Aggregation, ImportanceLevel
 from mrl_trainer.policy import ModelSpec
@@ -92,6 +95,10 @@ class ExchangeConfig(Section):
     target: str = Field(description="host:port of the exchange (SEE).")
     token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
     tokenizer_id: str = Field(description="THL name of this policy's tokenizer (e.g. smollm2, gpt2).")
+    max_unpublished_steps: int = Field(10, ge=0, description="Stop the run after this many consecutive steps whose "
+                                       "experience the exchange did not take (it waits in the outbox; each such "
+                                       "step logs a warning and counts in `unpublished_steps`), rather than train "
+                                       "solo unseen; 0: never stop.")
 
 
 class SchedulerConfig(Section):
@@ -110,6 +117,7 @@ class SchedulerConfig(Section):
 
 
 class TrainerConfig(Section):
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
     run_id: str = Field("default", description="The run all co-trained policies share.")
     policy: str = Field(description="This policy's id (names its streams and consumer group).")
     seed: int = Field(0, description="Seeds weights built from a config, sampling and the data order.")
@@ -148,6 +156,13 @@ class TrainerConfig(Section):
             raise ValueError(f"sharing.peers lists this policy itself ({self.policy!r}); list the other policies")
         return self
 
+    def source(self, key: str) -> str:
+        """Where a connection setting (a key of mrl.precedence.ENVIRONMENT) came from; THL's token, when unset, is
+        the exchange's."""
+        if key == "sharing.align.token" and self.sharing.align is not None and self.sharing.align.token is None:
+            key = "exchange.token"
+        return self._sources.get(key, "default")
+
 
 def _resolve(config: dict, base: pathlib.Path) -> dict:
     """Paths in a config file are relative to the file."""
@@ -172,11 +187,45 @@ def load_config(path: str | pathlib.Path, overrides: dict | None = None) -> Trai
         raise TrainerError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise TrainerError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
+    file = {key: _get(raw, key) for key in ENVIRONMENT}
     raw = apply_overrides(_resolve(raw, path.parent), overrides)
+    sources = _apply_environment(raw, file, overrides or {}, path)
     try:
-        return TrainerConfig.model_validate(raw)
+        config = TrainerConfig.model_validate(raw)
     except ValidationError as exc:
         raise TrainerError(f"{path}: invalid trainer config:\n{exc}") from exc
+    config._sources = sources
+    return config
+
+
+def _get(raw: dict, dotted: str):
+    """raw's value at a dotted key; None where a section on the way is absent."""
+    node = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _apply_environment(raw: dict, file: dict, overrides: dict, path: pathlib.Path) -> dict[str, str]:
+    """The environment's layer of mrl.precedence over the file, under the overrides: each connection setting of a
+    section the config has (the file's or the overrides') is the override's value, else the environment's (set in
+    `raw`), else the file's; returns where each came from."""
+    sources = {}
+    for key, variable in ENVIRONMENT.items():
+        section, _, leaf = key.rpartition(".")
+        node = _get(raw, section)
+        if not isinstance(node, dict):
+            continue
+        given = overrides[key] if key in overrides else next(
+            (_get(value, key[len(k) + 1:]) for k, value in overrides.items()
+             if key.startswith(k + ".") and isinstance(value, dict)), None)
+        setting = resolve(given, f"--set {key}", variable, file[key], f"{key} in {path}")
+        if setting.source == variable:
+            node[leaf] = setting.value
+        sources[key] = setting.source
+    return sources
 
 
 def apply_overrides(raw: dict, overrides: dict | None) -> dict:

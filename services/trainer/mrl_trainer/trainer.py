@@ -32,7 +32,6 @@ import contextlib
 import copy
 import hashlib
 import logging
-import os
 import random
 import time
 
@@ -44,6 +43,7 @@ from mrl.experience import validate
 from mrl.peers import guided_batch
 from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig
+from mrl_trainer.connections import align_client, scheduler_client
 from mrl_trainer.distributed import Ranks, shard
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.experience import StepBatch, step_experiences
@@ -121,13 +121,10 @@ def build_trainer(config: TrainerConfig, exchange=None, ranks: Ranks = Ranks(),
                 exchange, config.run_id, config.policy, sharing.kinds, config.sharing.peers,
                 config.sharing.max_staleness, coupling=config.sharing.coupling, max_age_s=config.sharing.max_age_s,
                 max_prompts=config.sharing.max_prompts)))
-            retokenize = Retokenizer(config.exchange.tokenizer_id, _align_client(config, closing),
-                                     end_id=tokenizer.eos_token_id)
+            thl = closing.enter_context(align_client(config)) if config.sharing.align is not None else None
+            retokenize = Retokenizer(config.exchange.tokenizer_id, thl, end_id=tokenizer.eos_token_id)
         if config.scheduler and ranks.main:
-            from mrl.scheduler_client import SchedulerClient
-            scheduler = closing.enter_context(SchedulerClient(
-                config.scheduler.target, config.scheduler.token or os.environ.get("MRL_TOKEN"),
-                run_id=config.run_id, policy=config.policy))
+            scheduler = closing.enter_context(scheduler_client(config))
         if ranks.main:
             trackers = open_trackers(config.tracking, config.run_id, config.policy, config.model_dump(mode="json"),
                                      closing)
@@ -183,16 +180,6 @@ def _warm_start(config: TrainerConfig, model, tokenizer, task, device, should_st
     return stats
 
 
-def _align_client(config: TrainerConfig, closing: contextlib.ExitStack):
-    """A THL client for retokenizing peers (None without sharing.align: same-tokenizer peers only)."""
-    align = config.sharing.align
-    if align is None:
-        return None
-    from mrl.align_client import AlignClient
-    token = align.token or config.exchange.token or os.environ.get("MRL_TOKEN")
-    return closing.enter_context(AlignClient(align.target, token))
-
-
 class Trainer:
     """One policy's training loop over the collaborators it is handed (build_trainer makes them from a config).
 
@@ -244,6 +231,7 @@ class Trainer:
         self.resumed_from = resumed_from
         self._should_stop = lambda: False     # run()'s, so that a stop cuts the wait for peers short
         self._saved_step = self.state.step if resumed_from else None
+        self._unpublished_steps = 0           # consecutive steps the exchange took nothing of (_count_unpublished)
         # prompts own samples solved (peer guidance prefers others) and the sharing mode's state, as checkpointed
         self._solved: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(self.state.solved)
         self.sharing.restore(self.state.sharing)
@@ -418,14 +406,14 @@ class Trainer:
         """Publish the step's experience (with an exchange), take the peers' (with an inbox) and plan the update:
         (experiences the exchange took, the plan, the peer statistics)."""
         t, window = batch.step, self.cfg.sharing.window
-        published = 0
+        published, peer_stats, peers = 0, {}, PeerBatch()
         if self.exchange is not None:
             published = self.publish(step_experiences(
                 batch, run_id=self.cfg.run_id, policy=self.cfg.policy, version=t,
                 tokenizer_id=self.cfg.exchange.tokenizer_id, batch_rewards=self.state.batch_rewards,
                 window=window, rollouts_per_s=n_samples / rollout_s, tokens_per_s=tokens / rollout_s,
                 rollouts_total=self.state.rollouts_total))
-        peer_stats, peers = {}, PeerBatch()
+            peer_stats["unpublished_steps"] = self._count_unpublished(t)
         if self.inbox is not None:
             prompt_ids = [p.prompt_id for p in batch.problems]
             recalled = self.recall(batch)
@@ -499,6 +487,22 @@ class Trainer:
         except MrlError as exc:
             raise TrainerError(f"the exchange refused this trainer's experience: {exc} (what it has not taken "
                                f"waits in {outbox.folder})") from exc
+
+    def _count_unpublished(self, t: int) -> int:
+        """Consecutive steps, up to t, that left experience in the outbox: each logs a warning, and at
+        exchange.max_unpublished_steps (0: never) the run stops rather than train solo unseen."""
+        waiting = Outbox(self.cfg.checkpoint.dir).pending()
+        self._unpublished_steps = self._unpublished_steps + 1 if waiting else 0
+        limit = self.cfg.exchange.max_unpublished_steps
+        if waiting:
+            log.warning("step %d: the exchange at %s has taken nothing for %d step(s) in a row; %d experiences wait "
+                        "in the outbox (the run stops at %s)", t, self.cfg.exchange.target, self._unpublished_steps,
+                        waiting, limit or "no limit: exchange.max_unpublished_steps is 0")
+        if limit and self._unpublished_steps >= limit:
+            raise TrainerError(f"the exchange at {self.cfg.exchange.target} took nothing for {limit} steps in a row "
+                               f"(exchange.max_unpublished_steps): stopping rather than training solo; the steps' "
+                               f"experience waits in {Outbox(self.cfg.checkpoint.dir).folder} for the next run")
+        return self._unpublished_steps
 
     # --- the run --------------------------------------------------------------------------------
     def checkpoint(self) -> None:
