@@ -248,6 +248,25 @@ def test_trainer_configs_validate_and_point_at_the_compose_services(name):
     assert config.sharing.mode != "none" and config.sharing.peers
 
 
+@pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
+def test_example_trainer_configs_hold_no_token_or_compose_address_and_compose_gives_them(name, monkeypatch):
+    """The example config a local run reads names no token and no compose service (a local run would send the one
+    and fail to resolve the other): compose passes the addresses as --set and the token as MRL_TOKEN, which
+    authenticates as the trainer's policy with the compose auth file, for every service."""
+    from mrl_trainer.app import parse_overrides
+    from mrl_trainer.config import load_config
+    command = SERVICES[name]["command"]
+    path = ROOT / "examples" / pathlib.Path(command[3]).name
+    text = path.read_text()
+    assert "token:" not in text and not re.search(r"\b(exchange|tokenizer_align|scheduler):5005\d", text)
+    monkeypatch.setenv("MRL_TOKEN", _env(name)["MRL_TOKEN"])
+    config = load_config(path, parse_overrides(command[5::2]))
+    auth = Authenticator.from_file(_mounted_host_path("exchange", _env("exchange")["MRL_AUTH_FILE"])[0])
+    for key in ("exchange.token", "sharing.align.token", "scheduler.token"):
+        assert config.source(key) == "MRL_TOKEN"
+    assert auth.authenticate(f"Bearer {config.exchange.token}").policy == config.policy
+
+
 def test_depends_on_names_services():
     for name, svc in SERVICES.items():
         for dep in svc.get("depends_on") or {}:

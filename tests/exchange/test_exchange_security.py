@@ -426,6 +426,18 @@ def test_tls_round_trip_and_plaintext_refused(start_exchange, tmp_path, run_id):
         assert [s.length for s in c.topic_stats(run_id)] == [1]
 
 
+@pytest.mark.parametrize("tls", [False, True])
+def test_the_start_line_names_the_rest_scheme_it_serves(start_exchange, tmp_path, caplog, tls):
+    """With TLS on, the REST admin port serves HTTPS, and the line that tells a person where it is says so."""
+    caplog.set_level(logging.INFO)
+    cert, key = self_signed(tmp_path, "server") if tls else (None, None)
+    ex = start_exchange(tls_cert=cert, tls_key=key)
+    scheme = "https" if tls else "http"
+    assert any(f"REST on {scheme}://127.0.0.1:{ex.server.admin_port}" in r.getMessage() for r in caplog.records)
+    assert httpx.get(f"{scheme}://localhost:{ex.server.admin_port}/healthz", verify=str(cert) if tls else True,
+                     timeout=10).status_code == 200
+
+
 # -- rate limit ------------------------------------------------------------------------------------
 def test_rate_limit_per_principal(start_exchange, auth_file, run_id):
     path, tokens = auth_file

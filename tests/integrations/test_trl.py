@@ -14,9 +14,10 @@ from mrl.align_client import AlignClient
 trl = pytest.importorskip("trl")
 from trl import GRPOTrainer  # noqa: E402
 
-from mrl.integrations.trl import Mutual, MutualGRPOTrainer, pooled_advantages, rescue_nll  # noqa: E402
-from mrl_research.bench.trl import TASK, grpo_config, peer_experiences, task_dataset, task_reward, tiny_policy  # noqa: E402
-from mrl_trainer.tasks import make_task  # noqa: E402
+from mrl.integrations.trl import (Mutual, MutualGRPOTrainer, pooled_advantages, rescue_nll, task_dataset,  # noqa: E402
+                                  task_reward)
+from mrl_research.bench.trl import TASK, grpo_config, peer_experiences, tiny_policy  # noqa: E402
+from mrl.tasks import make_task  # noqa: E402
 
 P, G, T = 2, 3, 6
 SMOLLM2_TOKENIZER = str(tokenizer_cache_dir() / "smollm2-tokenizer")
@@ -232,6 +233,36 @@ def test_rescue_nll_is_lambda_times_the_mean_response_nll():
 def test_bad_mutual_settings_are_refused(bad, message):
     with pytest.raises(InvalidArgument, match=message):
         Mutual(**{"exchange": None, "run_id": "r", "policy": "trl-gpt2", "tokenizer_id": "gpt2", **bad})
+
+
+def test_a_mutual_checks_its_connection_before_any_model_is_loaded(exchange, run_id, tmp_path):
+    """Making a Mutual is one round trip (mrl.connection): an address that is the REST port, or a closed one, fails
+    at once saying so; no model or dataset is needed to find out."""
+    from mrl import errors
+    rest = f"127.0.0.1:{exchange.server.admin_port}"
+    with ExchangeClient(rest) as client, pytest.raises(errors.Unavailable, match=f"exchange at {rest}.*REST port"):
+        Mutual(exchange=client, run_id=run_id, policy="trl-gpt2", tokenizer_id="gpt2")
+    with ExchangeClient(exchange.target) as client, AlignClient(rest) as thl, \
+            pytest.raises(errors.Unavailable, match=f"tokenizer alignment service at {rest}.*REST port"):
+        Mutual(exchange=client, run_id=run_id, policy="trl-gpt2", tokenizer_id="gpt2", align=thl)
+
+
+@pytest.mark.slow
+def test_an_exchange_lost_mid_run_is_counted_each_step_and_stops_training_at_the_limit(tmp_path, start_exchange,
+                                                                                       run_id, caplog):
+    """The exchange goes away after the check: each step it does not take counts (mrl/unpublished_steps) and warns,
+    and at max_unpublished_steps training stops with Unavailable instead of going on as plain TRL."""
+    from mrl import errors
+    from mrl.exchange_client import Backoff
+    server = start_exchange()
+    with ExchangeClient(server.target, backoff=Backoff(attempts=1)) as client:
+        mutual = Mutual(exchange=client, run_id=run_id, policy="trl-gpt2", tokenizer_id="gpt2",
+                        max_unpublished_steps=2)
+        server.stop()
+        with caplog.at_level("WARNING", logger="mrl.integrations.trl"), \
+                pytest.raises(errors.Unavailable, match=r"took nothing for 2 steps in a row \(max_unpublished_steps\)"):
+            _train(tmp_path, mutual, steps=3)
+    assert "not published (1 step(s) in a row; training stops at 2)" in caplog.text
 
 
 def test_a_dataset_without_prompt_ids_or_a_batch_scaled_xgrpo_is_refused(tmp_path, exchange, run_id):

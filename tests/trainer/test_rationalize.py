@@ -9,8 +9,8 @@ from mrl_trainer.experience import StepBatch
 from mrl_trainer.rationalize import hinted, rationalize
 from mrl_trainer.rollout.base import Sample
 from mrl_trainer.sharing import PeerBatch, PeerSample, Verifier, make_sharing, sharing_config
-from mrl_trainer.tasks import make_task
-from mrl_trainer.tasks.base import TaskSpec
+from mrl.tasks import make_task
+from mrl.tasks.base import TaskSpec
 from mrl_trainer.trainer import build_trainer
 from helpers import tiny_config
 

@@ -16,7 +16,7 @@ from mrl_trainer.sharing import SHARING_MODES, Extra, PeerBatch, PeerSample, Pla
 from mrl.algorithms import cross_log_ratio
 from mrl.algorithms.hacpo import capability_ratio, mixed_advantages, peer_loss, stepwise_lower_bound
 from mrl.algorithms.prp import truncated_ratio
-from mrl_trainer.tasks import Problem
+from mrl.tasks import Problem
 
 EPS = 1e-4          # the advantages' std epsilon (losses.advantages)
 

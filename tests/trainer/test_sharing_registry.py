@@ -20,7 +20,7 @@ from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout.base import Sample
 from mrl_trainer.sharing import (MODES, SHARING_MODES, STAT_SOURCES, Coordination, PeerBatch, PeerSample, Verifier,
                                  sharing_config, stat_labels)
-from mrl_trainer.tasks import Problem
+from mrl.tasks import Problem
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMES = [m.name for m in MODES]

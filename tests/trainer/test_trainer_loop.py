@@ -437,7 +437,7 @@ def test_a_trainer_runs_over_the_collaborators_it_is_handed(tmp_path):
     metrics sink in tmp_path; the policy, optimizer and sharing mode are the real ones."""
     from mrl_trainer.metrics import MetricsSink
     from mrl_trainer.sharing import make_sharing
-    from mrl_trainer.tasks import Problem
+    from mrl.tasks import Problem
 
     class EchoTask:
         name = "echo"

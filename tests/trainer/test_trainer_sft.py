@@ -14,7 +14,7 @@ from mrl.assets import tokenizer_cache_dir
 from mrl_trainer import sft
 from mrl_trainer.policy import ModelSpec, load_policy
 from mrl_trainer.sft import WarmStartConfig, cache_folder, response_ids, response_nll, warm_start
-from mrl_trainer.tasks import make_task
+from mrl.tasks import make_task
 
 GPT2 = str(tokenizer_cache_dir() / "gpt2.tiktoken")
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256}

@@ -1,4 +1,4 @@
-"""Verifiable tasks (mrl_trainer.tasks): determinism, disjoint splits, exact and safe verifiers,
+"""Verifiable tasks (mrl.tasks): determinism, disjoint splits, exact and safe verifiers,
 JSONL loading checked by math-verify, and clear errors for bad specs and files."""
 import json
 import os
@@ -13,8 +13,8 @@ from typing import get_args
 import pytest
 
 import mrl_trainer
-from mrl_trainer.tasks import TASK_FAMILIES, Family, Problem, Split, TaskError, TaskSpec, make_task
-from mrl_trainer.tasks.base import NumericTask, ProceduralTask, final_number, split_of
+from mrl.tasks import TASK_FAMILIES, Family, Problem, Split, TaskError, TaskSpec, make_task
+from mrl.tasks.base import NumericTask, ProceduralTask, final_number, split_of
 
 PROCEDURAL = [f for f, cls in TASK_FAMILIES.items() if issubclass(cls, ProceduralTask)]
 NUMERIC = [f for f, cls in TASK_FAMILIES.items() if issubclass(cls, NumericTask)]
@@ -96,8 +96,8 @@ def test_problems_are_a_pure_function_of_name_seed_split_index(family):
 
 
 def test_problems_do_not_depend_on_the_process_hash_seed():
-    script = ("import json; from mrl_trainer.tasks import make_task, TASK_FAMILIES\n"
-              "from mrl_trainer.tasks.base import ProceduralTask\n"
+    script = ("import json; from mrl.tasks import make_task, TASK_FAMILIES\n"
+              "from mrl.tasks.base import ProceduralTask\n"
               "print(json.dumps({f: [[p.prompt_id, p.question, p.answer, p.meta] for p in "
               "make_task({'family': f, 'level': 2, 'seed': 3}).batch(0, 20) + "
               "make_task({'family': f, 'level': 2, 'seed': 3}).batch(0, 5, 'eval')] "

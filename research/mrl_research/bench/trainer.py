@@ -123,7 +123,7 @@ def _run_trl(folder, P, G, T, steps, warmup, threads, device) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
-    from mrl_trainer.tasks import make_task
+    from mrl.tasks import make_task
     task = make_task(TASK)
     problems = task.batch(0, (warmup + steps) * P)        # = task.batch(t, P) for t = 0, 1, ... in turn
     rollout, step, tokens, prompt_tokens, signal = [], [], [], [], []

@@ -26,7 +26,8 @@ wall time from one side or the other it still says what the integration itself c
 `peer_experiences_used` = the peer experiences the integration runs used (XGRPO: group_stats pooled; SGT:
 rescued responses). The last stdout line is one JSON object.
 
-The builders (`tiny_policy`, `task_dataset`, `task_reward`, `grpo_config`) are the ones the integration tests use.
+The builders (`tiny_policy`, `grpo_config`, and mrl.integrations.trl's `task_dataset`, `task_reward`) are the ones
+the integration tests use.
 """
 import copy
 import importlib.metadata
@@ -41,7 +42,7 @@ from mrl.experience import new_experience
 from mrl.v1 import experience_pb2 as pb
 from mrl_research import benchmarking
 
-__all__ = ["main", "TARGET", "TASK", "tiny_policy", "task_dataset", "task_reward", "grpo_config", "peer_experiences"]
+__all__ = ["main", "TARGET", "TASK", "tiny_policy", "grpo_config", "peer_experiences"]
 
 TARGET = 1.10
 TASK = {"family": "arithmetic", "level": 1, "seed": 0}
@@ -55,27 +56,6 @@ def tiny_policy(seed: int = 0, tokenizer: str | None = None, architecture: dict 
     spec = ModelSpec(source="config", tokenizer=tokenizer or str(tokenizer_cache_dir() / "gpt2.tiktoken"),
                      architecture=architecture or TINY)
     return load_policy(spec, seed=seed)
-
-
-def task_dataset(task, tokenizer, n: int):
-    """The task's first n train problems in order (= task.batch(t, P) for t = 0, 1, ...), as TRL rows: `prompt` (a
-    plain string, the tokenizer's chat template applied, as the mrl trainer prompts) and `prompt_id`."""
-    from datasets import Dataset
-    from mrl_trainer.policy import prompt_ids
-    return Dataset.from_list([{"prompt": tokenizer.decode(prompt_ids(tokenizer, p.question)), "prompt_id": p.prompt_id}
-                              for p in task.batch(0, n)])
-
-
-def task_reward(task, n: int):
-    """A TRL reward function: the task's verifier of each completion, by the row's prompt_id; it records every
-    (prompt_id, completion) it scores in `.calls`."""
-    problems = {p.prompt_id: p for p in task.batch(0, n)}
-
-    def correct(completions, prompt_id, **_):
-        correct.calls += list(zip(prompt_id, completions))
-        return [task.reward(problems[pid], text) for pid, text in zip(prompt_id, completions)]
-    correct.calls = []
-    return correct
 
 
 def grpo_config(output_dir: str, *, P: int, G: int, T: int, steps: int, seed: int = 0, lr: float = 1e-3):
@@ -114,7 +94,7 @@ def _run(mode: str | None, init, tokenizer, task, target: str, P: int, G: int, T
     from transformers import TrainerCallback
     from trl import GRPOTrainer
     from mrl.exchange_client import ExchangeClient
-    from mrl.integrations.trl import Mutual, MutualGRPOTrainer
+    from mrl.integrations.trl import Mutual, MutualGRPOTrainer, task_dataset, task_reward
     times, cpu = [], []
 
     class StepTimer(TrainerCallback):
@@ -153,7 +133,7 @@ def _run(mode: str | None, init, tokenizer, task, target: str, P: int, G: int, T
 def main(quick: bool = False) -> dict:
     import torch
     from mrl_serving.processes import redis_for, spawn
-    from mrl_trainer.tasks import make_task
+    from mrl.tasks import make_task
     P, G, T, steps, repeats = (1, 4, 8, 2, 2) if quick else (2, 8, 24, 5, 3)
     version = importlib.metadata.version
     torch.set_num_threads(1)

@@ -4,7 +4,7 @@ Environment. C contexts, each a question with a short verifiable answer:
 
     context c   "What is a + b?"          a + b ∈ [10, 49], two different digits
     verifier    R(c, y) = 1  iff  final_number(text(y)) = a + b      (the trainer's numeric verifier,
-                                                                      mrl_trainer.tasks.base.final_number)
+                                                                      mrl.tasks.base.final_number)
 
 so "37", "+37" and "037" all score 1. Two answer *formats* matter below: plain "37" and signed "+37".
 
@@ -54,8 +54,8 @@ import numpy as np
 import torch
 
 from mrl_trainer.rollout.base import Sample
-from mrl_trainer.tasks import Problem
-from mrl_trainer.tasks.base import final_number
+from mrl.tasks import Problem
+from mrl.tasks.base import final_number
 from mrl_tokenizer_align.vocab import Vocab
 
 __all__ = ["FORMATS", "Profile", "Bandit", "TabularPolicy", "reward", "extract", "decode", "action_tokens"]

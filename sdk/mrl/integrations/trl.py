@@ -26,7 +26,8 @@ run: its P prompts × G completions) goes through `_generate_and_score_completio
               λ·NLL(S) to TRL's loss (mrl.algorithms.sgt.rescue_nll, as the mrl trainer's SGT)
 
 Prompts are matched by the dataset's `prompt_id` column: the run's task ids (e.g. the mrl trainer's
-"arithmetic-L1:train:0:17"). The mrl trainer takes task.batch(t, P) at step t; a TRL trainer sees the same prompts
+"arithmetic-L1:train:0:17"); `task_dataset` and `task_reward` make the dataset and the verifier's reward function of
+a run's task (mrl.tasks, installed with this extra). The mrl trainer takes task.batch(t, P) at step t; a TRL trainer sees the same prompts
 at its step t when its dataset holds the task's train problems in order, `shuffle_dataset=False`, and P =
 generation_batch_size / num_generations equals the peers' prompts per step. Step t is the t-th generation
 batch of this trainer (a generation batch feeds steps_per_generation × num_iterations optimizer micro-steps).
@@ -47,7 +48,7 @@ this trainer's own reward functions (TRL's `_calculate_rewards`, the same kwargs
 completions). XGRPO pools the peers' group rewards as published (it moves only baselines; docs/algorithms.md).
 
 One process (no multi-GPU data parallelism yet), text-only prompts (plain strings or chat messages).
-Statistics go to TRL's own logs under `mrl/` (mrl/published, mrl/peers_complete, mrl/xgrpo_pooled,
+Statistics go to TRL's own logs under `mrl/` (mrl/published, mrl/unpublished_steps, mrl/peers_complete, mrl/xgrpo_pooled,
 mrl/sgt_accepted, mrl/sgt_rejected, mrl/sgt_nll, mrl/peer_experiences_used, mrl/thl_*), and to
 `MutualGRPOTrainer.mutual_log`, one dict per step.
 """
@@ -67,7 +68,8 @@ from mrl.errors import InvalidArgument, Unavailable
 from mrl.experience import Group, Response, kind_of, step_experiences, validate_name
 from mrl.peers import Arrived, PeerInbox, Retokenizer
 
-__all__ = ["Mutual", "MutualGRPOTrainer", "SHARING_KINDS", "pooled_advantages", "rescue_nll"]
+__all__ = ["Mutual", "MutualGRPOTrainer", "SHARING_KINDS", "pooled_advantages", "rescue_nll", "task_dataset",
+           "task_reward"]
 
 log = logging.getLogger("mrl.integrations.trl")
 
@@ -78,7 +80,9 @@ SHARING_KINDS: dict[str, tuple[str, ...]] = {"none": (), "xgrpo": ("group_stats"
 @dataclass
 class Mutual:
     """How a TRL trainer joins a run. The knobs of xgrpo and sgt are the mrl trainer's (`sharing.xgrpo`,
-    `sharing.sgt`; docs/algorithms.md) under the same names."""
+    `sharing.sgt`; docs/algorithms.md) under the same names. Making one checks the connection to the exchange (and
+    THL), as `policy` in `run_id`, in one round trip each (mrl.connection): make it before loading the model, so a
+    wrong address, TLS setting, token or policy stops the script at once."""
     exchange: object                       # an mrl.ExchangeClient, authenticated as `policy`
     run_id: str
     policy: str                            # this trainer's policy id (its token's principal)
@@ -95,6 +99,7 @@ class Mutual:
     per_prompt: int = 1                    # sgt: most accepted peer successes per rescued prompt
     tau: float = 0.0                       # sgt: rescue a prompt when the own success rate ≤ τ
     normalize: Literal["responses", "prompts"] = "responses"  # sgt: the NLL's divisor N
+    max_unpublished_steps: int = 10        # stop after this many consecutive steps the exchange took nothing of (0: never)
 
     def __post_init__(self):
         validate_name("run_id", self.run_id)
@@ -118,6 +123,36 @@ class Mutual:
                 raise InvalidArgument(f"{name} is {value}; it must be >= {low}")
         if self.tau > 1:
             raise InvalidArgument(f"tau is {self.tau}; it is a success rate, in [0, 1]")
+        if self.max_unpublished_steps < 0:
+            raise InvalidArgument(f"max_unpublished_steps is {self.max_unpublished_steps}; it must be >= 0 (0: never "
+                                  f"stop)")
+        self.exchange.check(self.run_id, self.policy)        # the connection check: before any model is loaded
+        if self.align is not None:
+            self.align.check()
+
+
+def task_dataset(task, tokenizer, n: int):
+    """The run's prompts as TRL's train dataset: the first n train problems of an mrl.tasks task in order (=
+    task.batch(t, P) for t = 0, 1, ..., the mrl trainer's step-t prompts), as rows `prompt` (the question as one user
+    turn in the tokenizer's chat template, as the mrl trainer poses it) and `prompt_id`. Train with
+    shuffle_dataset=False and P = generation_batch_size / num_generations for step t to hold the peers' prompts."""
+    from datasets import Dataset
+    return Dataset.from_list([
+        {"prompt": tokenizer.apply_chat_template([{"role": "user", "content": p.question}], add_generation_prompt=True,
+                                                 tokenize=False), "prompt_id": p.prompt_id}
+        for p in task.batch(0, n)])
+
+
+def task_reward(task, n: int):
+    """A TRL reward function for task_dataset(task, ., n): the task's verifier of each completion, by the row's
+    prompt_id (1.0 iff its final answer is right); it records every (prompt_id, completion) it scores in `.calls`."""
+    problems = {p.prompt_id: p for p in task.batch(0, n)}
+
+    def correct(completions, prompt_id, **_):
+        correct.calls += list(zip(prompt_id, completions))
+        return [task.reward(problems[pid], _text(text)) for pid, text in zip(prompt_id, completions)]
+    correct.calls = []
+    return correct
 
 
 @dataclass
@@ -181,6 +216,7 @@ class MutualGRPOTrainer(GRPOTrainer):
         self._generation = 0                           # the run's step t: generation batches so far
         self._batch_rewards: list[float] = []
         self._rollouts_total = 0
+        self._unpublished = 0                          # consecutive steps the exchange took nothing of
         self._scored = None                            # (rewards_per_func, completions) of the last generation
         self._rescue: _Rescue | None = None
         self._pending: _Pending | None = None          # the rollouts of the last step, until the loss sees its rows
@@ -357,17 +393,27 @@ class MutualGRPOTrainer(GRPOTrainer):
         self._finish(p.record)
 
     def _send(self, step: int, experiences: list, what: str) -> bool:
-        """Publish; False (logged) when the exchange stays unavailable past the client's retry budget."""
+        """Publish; False (logged) when the exchange stays unavailable past the client's retry budget. The step
+        counts as unpublished; at max_unpublished_steps consecutive ones, Unavailable stops the training."""
         try:
             self.mutual.exchange.publish(experiences)
         except Unavailable as exc:
-            log.warning("step %d: the exchange is unavailable, its %s are not published: %s", step, what, exc)
+            self._unpublished += 1
+            limit = self.mutual.max_unpublished_steps
+            log.warning("step %d: its %s are not published (%d step(s) in a row; training stops at %s): %s", step,
+                        what, self._unpublished, limit or "no limit", exc)
+            if limit and self._unpublished >= limit:
+                raise Unavailable(f"the exchange took nothing for {limit} steps in a row (max_unpublished_steps): "
+                                  f"stopping rather than training solo; last error: {exc}") from exc
             return False
+        self._unpublished = 0
         return True
 
     def _finish(self, record: dict) -> None:
-        """The step's publishing is done: its count goes to TRL's logs."""
+        """The step's publishing is done: its count and the consecutive unpublished steps go to TRL's logs."""
+        record["unpublished_steps"] = self._unpublished
         self._metrics["train"]["mrl/published"].append(float(record["published"]))
+        self._metrics["train"]["mrl/unpublished_steps"].append(float(self._unpublished))
 
     # --- sharing ----------------------------------------------------------------------------------
     def _xgrpo(self, advantages: Tensor, rewards: Tensor, arrived: Arrived, prompt_ids: list[str]

@@ -96,8 +96,9 @@ class ServiceServer:
                 raise RuntimeError(f"the REST server could not bind {host}:{s.admin_port}")
             await asyncio.sleep(0.01)
         self.admin_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
-        log.info("%s serving gRPC on %s:%d (%s), REST on http://%s:%d, auth %s", self.name, host, self.port,
-                 "TLS" if s.tls_cert else "plaintext", host, self.admin_port, "on" if self.auth.enabled else "OFF")
+        log.info("%s serving gRPC on %s:%d (%s), REST on %s://%s:%d, auth %s", self.name, host, self.port,
+                 "TLS" if s.tls_cert else "plaintext", "https" if s.tls_cert else "http", host, self.admin_port,
+                 "on" if self.auth.enabled else "OFF")
 
     async def stop(self, grace_s: float = 2.0) -> None:
         if self._health_task is not None:

@@ -31,7 +31,7 @@ from mrl_trainer.policy import ModelSpec
 from mrl_trainer.section import Section
 from mrl_trainer.sft import WarmStartConfig
 from mrl_trainer.sharing import SharingConfig, mode_sections, sharing_config
-from mrl_trainer.tasks import TaskSpec
+from mrl.tasks import TaskSpec
 from mrl_trainer.tracking import TrackingConfig
 
 __all__ = ["TrainerConfig", "RolloutConfig", "LossConfig", "EvalConfig", "CheckpointConfig", "MetricsConfig",
@@ -92,7 +92,8 @@ class MetricsConfig(Section):
 
 
 class ExchangeConfig(Section):
-    target: str = Field(description="host:port of the exchange (SEE).")
+    target: str = Field("127.0.0.1:50051", description="host:port of the exchange (SEE); the default is where "
+                                                      "`mrl up examples/local.yaml` serves it.")
     token: str | None = Field(None, description="Bearer token (or env MRL_TOKEN).")
     tokenizer_id: str = Field(description="THL name of this policy's tokenizer (e.g. smollm2, gpt2).")
     max_unpublished_steps: int = Field(10, ge=0, description="Stop the run after this many consecutive steps whose "

@@ -15,7 +15,7 @@ from mrl.experience import Group, Response, capability
 from mrl.experience import step_experiences as group_step_experiences
 from mrl.v1 import experience_pb2 as pb
 from mrl_trainer.rollout.base import Sample
-from mrl_trainer.tasks import Problem
+from mrl.tasks import Problem
 
 __all__ = ["StepBatch", "step_experiences", "capability"]
 

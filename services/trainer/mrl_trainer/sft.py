@@ -59,7 +59,7 @@ from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.policy import prompt_ids
 from mrl_trainer.section import Section
-from mrl_trainer.tasks import Problem, Task
+from mrl.tasks import Problem, Task
 
 __all__ = ["WarmStartConfig", "WarmStartStopped", "warm_start", "response_text", "response_ids", "response_nll",
            "cache_folder", "SFT_VERSION"]

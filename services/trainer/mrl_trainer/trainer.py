@@ -58,7 +58,7 @@ from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
 from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, make_sharing
-from mrl_trainer.tasks import Problem, make_task
+from mrl.tasks import Problem, make_task
 from mrl_trainer.tracking import open_trackers
 
 __all__ = ["Trainer", "build_trainer", "prepare_warm_start"]

@@ -12,7 +12,7 @@ numeric verifier (base.final_number), so "x = 7" and "Answer: 7" both read 7.
 """
 import random
 
-from mrl_trainer.tasks.base import NumericTask
+from mrl.tasks.base import NumericTask
 
 __all__ = ["LinearTask"]
 

@@ -10,7 +10,7 @@ Checked by the shared numeric verifier (base.final_number).
 import operator
 import random
 
-from mrl_trainer.tasks.base import NumericTask
+from mrl.tasks.base import NumericTask
 
 __all__ = ["ArithmeticTask"]
 

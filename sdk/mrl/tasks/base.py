@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal, get_args
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mrl_trainer.errors import TrainerError
-from mrl_trainer.section import Section
+from mrl.errors import FailedPrecondition
 
 __all__ = ["Family", "Split", "AnswerFormat", "TaskError", "TaskSpec", "Problem", "Task", "ProceduralTask",
            "check_split", "seeded_rng", "split_of", "last_boxed", "answer_region", "final_number"]
@@ -52,13 +51,14 @@ _ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
 _NUMBER = re.compile(r"(?:(?<![\w)])[-−])?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
-class TaskError(TrainerError):
+class TaskError(FailedPrecondition):
     """A bad task spec or data file, or a verifier that broke (never a wrong or garbled response)."""
 
 
-class TaskSpec(Section):
-    """One verifiable task: a procedural family at a level, or a JSONL file (family "jsonl")."""
-    model_config = ConfigDict(frozen=True)
+class TaskSpec(BaseModel):
+    """One verifiable task: a procedural family at a level, or a JSONL file (family "jsonl"); a key it does not know,
+    or a number that is inf or NaN, is an error that names it (as every section of a trainer config)."""
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     family: Family = Field(description="arithmetic | countdown | linear (procedural, infinite) | jsonl (a file).")
     level: int = Field(1, ge=1, description="Difficulty; each family documents what it scales (jsonl: 1 only).")

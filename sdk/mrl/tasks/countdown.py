@@ -25,7 +25,7 @@ import re
 from collections import Counter
 from fractions import Fraction
 
-from mrl_trainer.tasks.base import Problem, ProceduralTask, answer_region
+from mrl.tasks.base import Problem, ProceduralTask, answer_region
 
 __all__ = ["CountdownTask"]
 

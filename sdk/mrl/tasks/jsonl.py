@@ -37,7 +37,7 @@ import sympy
 from math_verify import parse, verify
 from sympy.functions.combinatorial.factorials import CombinatorialFunction
 
-from mrl_trainer.tasks.base import (EVAL_BUCKETS, Problem, Split, Task, TaskError, TaskSpec, answer_region, check_split,
+from mrl.tasks.base import (EVAL_BUCKETS, Problem, Split, Task, TaskError, TaskSpec, answer_region, check_split,
                                     last_boxed, seeded_rng, split_of)
 
 __all__ = ["JsonlTask"]

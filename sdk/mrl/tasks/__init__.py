@@ -1,6 +1,8 @@
-"""Verifiable tasks: procedural families and JSONL datasets, each with an exact verifier.
+"""Verifiable tasks: procedural families and JSONL datasets, each with an exact verifier — what a lab needs to join
+a run's task (its prompt ids, prompts, reference answers and verifier) without mrl's trainer: torch-free,
+installed by `pip install "./sdk[trl]"` (or `./sdk[tasks]`); the trainer uses the same module.
 
-    TaskError (mrl_trainer.errors.TrainerError)   a bad spec or data file, or a broken verifier
+    TaskError (mrl.errors.FailedPrecondition)   a bad spec or data file, or a broken verifier
 
 Families (TASK_FAMILIES, keyed by the Literal `Family`):
     arithmetic   "What is a + b?", level = digits per operand           answer: an integer
@@ -10,15 +12,20 @@ Families (TASK_FAMILIES, keyed by the Literal `Family`):
 
 make_task(spec) validates a TaskSpec (or a dict of one) and builds its task; every problem is a
 pure function of (name, seed, split, index) with prompt_id f"{name}:{split}:{seed}:{index}", so
-policies that share the spec see the same prompts at the same step (base.py has the rules).
+policies that share the spec see the same prompts at the same step (base.py has the rules):
+
+    task = make_task({"family": "linear", "level": 1, "seed": 0})
+    for problem in task.batch(step, prompts_per_step):      # the run's step-t prompts, as every policy takes them
+        problem.prompt_id, problem.question, problem.answer
+        task.reward(problem, response)                      # 1.0 iff the response's final answer is right
 """
 from pydantic import ValidationError
 
-from mrl_trainer.tasks.arithmetic import ArithmeticTask
-from mrl_trainer.tasks.base import Family, Problem, Split, Task, TaskError, TaskSpec
-from mrl_trainer.tasks.countdown import CountdownTask
-from mrl_trainer.tasks.jsonl import JsonlTask
-from mrl_trainer.tasks.linear import LinearTask
+from mrl.tasks.arithmetic import ArithmeticTask
+from mrl.tasks.base import Family, Problem, Split, Task, TaskError, TaskSpec
+from mrl.tasks.countdown import CountdownTask
+from mrl.tasks.jsonl import JsonlTask
+from mrl.tasks.linear import LinearTask
 
 __all__ = ["Family", "Split", "Problem", "Task", "TaskError", "TaskSpec", "TASK_FAMILIES", "make_task"]
 
