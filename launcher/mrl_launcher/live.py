@@ -25,7 +25,9 @@ T seconds (T > 600 s).
 import contextlib
 import http.server
 import json
+import os
 import pathlib
+import ssl
 import threading
 import time
 import urllib.error
@@ -189,7 +191,10 @@ class FlowRecorder:
         request = urllib.request.Request(self.admin_url + route)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(request, timeout=5) as response:
+        # https: the exchange's certificate checked against MRL_TLS_ROOT_CERT (or the system's CAs)
+        context = ssl.create_default_context(cafile=os.environ.get("MRL_TLS_ROOT_CERT") or None) \
+            if self.admin_url.startswith("https:") else None
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
             return response.read()
 
     def snapshot(self) -> dict:

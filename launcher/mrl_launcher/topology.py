@@ -93,6 +93,25 @@ def _start_trainer(path: str, overrides: dict, threads: int, ranks: int = 1,
     return subprocess.Popen(args, env=env, stdout=stdout, preexec_fn=die_with_parent, start_new_session=True)
 
 
+PATH_SETTINGS = ("auth_file", "tls_cert", "tls_key")   # a service's settings that name files
+
+
+def _service_settings(cls, section: dict, base: pathlib.Path) -> dict:
+    """A service's settings in a topology: its default ports, then its section, whose files (PATH_SETTINGS) are
+    relative to the topology file's folder `base`, as data_dir is."""
+    settings = {"port": cls.model_fields["port"].default, "admin_port": cls.model_fields["admin_port"].default,
+                **section}
+    for key in PATH_SETTINGS:
+        if settings.get(key):
+            settings[key] = str((base / os.path.expanduser(str(settings[key]))).resolve())
+    return settings
+
+
+def _rest_scheme(settings: dict) -> str:
+    """https when the service serves TLS (its tls_cert, or MRL_TLS_CERT, which every service inherits)."""
+    return "https" if settings.get("tls_cert") or os.environ.get("MRL_TLS_CERT") else "http"
+
+
 def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
     """A topology's data_dir (relative to its file's folder `base`), absolute."""
     return (base / config.get("data_dir", ".mrl/local")).resolve()
@@ -198,16 +217,15 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
         for name, cls in services.items():
             if name in config and config[name] is None:
                 continue
-            fields = cls.model_fields
-            settings = {"port": fields["port"].default, "admin_port": fields["admin_port"].default,
-                        **(config.get(name) or {})}
+            settings = _service_settings(cls, config.get(name) or {}, base)
             running[name] = stack.enter_context(spawn(name, url, **settings))
             r = running[name].ready
-            print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST http://127.0.0.1:{r['admin_port']}/docs",
-                  flush=True)
+            print(f"  {name:<16} gRPC 127.0.0.1:{r['grpc_port']}  REST {_rest_scheme(settings)}://127.0.0.1:"
+                  f"{r['admin_port']}/docs", flush=True)
         run_id = config.get("run_id", "local")
         if "exchange" in running:     # its snapshots, recorded until the trainers have stopped
-            stack.enter_context(FlowRecorder(f"http://127.0.0.1:{running['exchange'].ready['admin_port']}", run_id,
+            scheme = _rest_scheme(_service_settings(services["exchange"], config.get("exchange") or {}, base))
+            stack.enter_context(FlowRecorder(f"{scheme}://127.0.0.1:{running['exchange'].ready['admin_port']}", run_id,
                                              data_dir, token=os.environ.get("MRL_TOKEN")))
         if config.get("live_port", 0) is not None:
             url = stack.enter_context(live_page(data_dir, f"mrl run {run_id}", config.get("live_port", 0)))

@@ -265,3 +265,36 @@ def test_every_example_topology_validates(path, tmp_path):
     config = yaml.safe_load(path.read_text())
     metrics = validate_trainers({**config, "data_dir": str(tmp_path)}, path.parent)
     assert len(metrics) == len(config["trainers"])
+
+
+def test_up_with_auth_and_tls_takes_its_files_relative_to_the_topology_and_says_https(tmp_path):
+    """`mrl up` of a topology naming an auth file and a certificate relative to itself, run from another folder:
+    the exchange serves TLS with auth on (a policy token and the CA pass the connection check), its REST line says
+    https, and data_dir is under the topology's folder too."""
+    from helpers import self_signed, write_auth_file
+    from mrl.exchange_client import ExchangeClient
+    folder, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    tokens = write_auth_file(folder / "auth.yaml", "r1")
+    cert, _ = self_signed(folder, "server")
+    config = folder / "up.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": "d", "run_id": "r1", "live_port": None, "tokenizer_align": None,
+                                      "scheduler": None, "exchange": {"port": 0, "admin_port": 0,
+                                      "auth_file": "auth.yaml", "tls_cert": "server.crt", "tls_key": "server.key"}}))
+    env = {**os.environ, "MRL_TOKEN": tokens["admin"], "MRL_TLS_ROOT_CERT": str(cert)}
+    proc = subprocess.Popen([sys.executable, "-m", "mrl.cli", "up", str(config)], stdout=subprocess.PIPE, text=True,
+                            cwd=elsewhere, env=env)
+    try:
+        assert proc.stdout.readline().startswith("mrl up: redis unix://")
+        line = proc.stdout.readline()
+        assert "exchange         gRPC 127.0.0.1:" in line and "REST https://127.0.0.1:" in line, line
+        port = line.split("gRPC 127.0.0.1:")[1].split()[0]
+        with ExchangeClient(f"localhost:{port}", tokens["policy-a"], tls_root_cert=cert.read_bytes()) as client:
+            assert client.check("r1", "policy-a").principal == "policy-a"
+        assert (folder / "d" / "redis").is_dir() and not (elsewhere / "d").exists()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "mrl up: stopped" in rest, rest
+    finally:
+        proc.kill()
