@@ -58,7 +58,7 @@ class Connection:
                  max_message_bytes: int, aio: bool = False, token_source: str | None = None):
         token_setting = resolve(token, token_source or "the token argument", TOKEN_ENV)
         token = token_setting.value
-        self.token_source = token_setting.source if token else "nowhere (no token sent)"
+        self.token_source = token_setting.source if token else None     # None: no token is sent
         cert = resolve(tls_root_cert, env=TLS_ENV)
         tls_root_cert = _read_root_cert(cert.value) if cert.source == TLS_ENV else cert.value
         self.service, self.target, self.tls = service, target, tls_root_cert is not None
@@ -72,8 +72,8 @@ class Connection:
                         if self.tls else module.insecure_channel(target, options))
 
     def where(self) -> str:
-        return (f"the {self.service} at {self.target} ({'TLS' if self.tls else 'plaintext'}, token from "
-                f"{self.token_source})")
+        token = f"token from {self.token_source}" if self.token_source else "no token sent"
+        return f"the {self.service} at {self.target} ({'TLS' if self.tls else 'plaintext'}, {token})"
 
     def error(self, exc: grpc.RpcError, hint: str = "") -> errors.MrlError:
         """The call's `mrl.errors` class; an auth or connection error names where it went and its token's source."""

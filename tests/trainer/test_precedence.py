@@ -66,4 +66,5 @@ def test_the_sdk_client_takes_the_same_rule(monkeypatch):
             (("authorization", "Bearer arg-token"),), "--token")
     monkeypatch.delenv("MRL_TOKEN")
     with ExchangeClient("127.0.0.1:1") as client:
-        assert (client._connection.metadata, client._connection.token_source) == ((), "nowhere (no token sent)")
+        assert (client._connection.metadata, client._connection.token_source) == ((), None)
+        assert client._connection.where() == "the exchange at 127.0.0.1:1 (plaintext, no token sent)"
