@@ -93,7 +93,8 @@ class SchedulerClient(BlockingClient):
 
     def watch(self, policy: str = "") -> "LeaseWatch":
         """LeaseEvents of `policy` from now on (a policy principal: its own; '' for an admin: all)."""
-        return LeaseWatch(self._stub.Watch(spb.WatchRequest(policy=policy), metadata=self._connection.metadata))
+        return LeaseWatch(self._stub.Watch(spb.WatchRequest(policy=policy), metadata=self._connection.metadata),
+                          self._connection)
 
     def lease(self, devices: int = 1, phase: str = "rollout", *, on_lost: str = "interrupt", **acquire) -> "HeldLease":
         """Acquire now (keyword arguments as `acquire`); use the result as a context manager."""
@@ -107,15 +108,15 @@ class SchedulerClient(BlockingClient):
 class LeaseWatch:
     """An iterator of LeaseEvent; `close()` ends it (from any thread)."""
 
-    def __init__(self, stream):
-        self._stream, self._closed = stream, False
+    def __init__(self, stream, connection: Connection):
+        self._stream, self._connection, self._closed = stream, connection, False
 
     def __iter__(self):
         try:
             yield from self._stream
         except grpc.RpcError as exc:
             if not self._closed:
-                raise errors.from_rpc_error(exc) from exc
+                raise self._connection.error(exc) from exc
 
     def close(self) -> None:
         self._closed = True

@@ -133,6 +133,9 @@ def test_the_scheduler_and_thl_clients_check_too(redis_url, tmp_path, run_id):
             assert client.check().service == "mrl.v1.Scheduler"
         check_fails(SchedulerClient(scheduler.target, tokens["policy-a"], run_id=run_id, policy="policy-b"),
                     errors.PermissionDenied, "the scheduler at", "'policy-b'")
+        with SchedulerClient(scheduler.target, tokens["policy-a"], run_id=run_id, policy="policy-a") as client, \
+                pytest.raises(errors.PermissionDenied, match="the scheduler at .*token from the token argument"):
+            next(iter(client.watch("policy-b")))          # a stream's refusal names the token's source too
         with AlignClient(thl.target, tokens["policy-b"]) as client:
             assert client.check().principal == "policy-b"
         check_fails(AlignClient(f"127.0.0.1:{thl.server.admin_port}", tokens["policy-b"], backoff=Backoff(attempts=1)),
