@@ -101,11 +101,8 @@ def checked(connection, exc: grpc.RpcError) -> ipb.WhoAmIResponse:
     (UNIMPLEMENTED) passes with an empty answer."""
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return ipb.WhoAmIResponse()
-    hint = ""
-    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN,
-                      grpc.StatusCode.INTERNAL):
-        hint = diagnose(connection.target, connection.tls)
-    raise connection.error(exc, hint) from exc
+    unreached = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    raise connection.error(exc, diagnose(connection.target, connection.tls) if unreached else "") from exc
 
 
 def check(connection, method, run_id: str = "", policy: str = "") -> ipb.WhoAmIResponse:
