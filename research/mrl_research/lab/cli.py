@@ -1,8 +1,9 @@
 """`mrl lab bandit`: the contextual-bandit testbed of the sharing modes (entry point "lab.bandit"); `mrl lab signal`:
-the GRPO signal of a policy's sampled groups (entry point "lab.signal")."""
+the GRPO signal of a policy's sampled groups (entry point "lab.signal"); `mrl lab pair`: what two policies can give
+each other on a task (entry point "lab.pair")."""
 from mrl_launcher.arguments import floats, ints
 
-__all__ = ["bandit", "signal"]
+__all__ = ["bandit", "signal", "pair"]
 
 QUICK = dict(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=3, probe_at=(0.0,))
 
@@ -188,4 +189,43 @@ def signal(parser):
             print(f"(the policy of checkpoint {result['resumed_from']}, on the prompts of step {result['step']})",
                   flush=True)
         print(json.dumps(result), flush=True)
+    return run
+
+
+def pair(parser):
+    """what two policies can give each other on a task: their solve sets, overlap against chance, rescue shares"""
+    from mrl_trainer.cli import add_overrides
+    parser.add_argument("config_a", help="YAML trainer config of one policy")
+    parser.add_argument("config_b", help="YAML trainer config of the other (the same task)")
+    parser.add_argument("--prompts", type=int, default=64, help="the first P training prompts (default %(default)s)")
+    add_overrides(parser, "a config field of both policies")
+    parser.add_argument("--set-a", dest="overrides_a", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field of the first policy only (after --set)")
+    parser.add_argument("--set-b", dest="overrides_b", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field of the second policy only (after --set)")
+    parser.add_argument("--out", help="also write the result (with the per-prompt sets) to this JSON file")
+
+    def run(args) -> None:
+        import json
+        import pathlib
+
+        from mrl_research.lab.pair import measure_pair
+        from mrl_trainer.app import parse_overrides
+        result = measure_pair(args.config_a, args.config_b, prompts=args.prompts,
+                              overrides=parse_overrides(args.overrides),
+                              overrides_a=parse_overrides(args.overrides_a),
+                              overrides_b=parse_overrides(args.overrides_b))
+        print(f"{result['task']}, the first {result['prompts']} training prompts", flush=True)
+        for side, other in (("a", "b"), ("b", "a")):
+            x, share = result[side], result[side]["rescue_share"]
+            print(f"  {x['policy']}: greedy {x['greedy']:.3f}, sampled {x['sampled']:.3f}, all-fail groups "
+                  f"{x['all_fail']}, of which {result[other]['policy']} solves {x['rescuable']} (rescue share "
+                  f"{'–' if share is None else format(share, '.3f')})", flush=True)
+        for name in ("greedy_overlap", "solved_overlap"):
+            o = result[name]
+            print(f"  {name.replace('_', ' ')}: both {o['both']} (chance {o['chance']:.1f}), only "
+                  f"{result['a']['policy']} {o['only_a']}, only {result['b']['policy']} {o['only_b']}", flush=True)
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}), flush=True)
     return run

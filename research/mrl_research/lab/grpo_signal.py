@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from mrl_trainer.config import RolloutConfig, load_config
 from mrl_trainer.errors import TrainerError
 
-__all__ = ["measure", "informative_share", "expected_informative"]
+__all__ = ["measure", "probe_trainer", "informative_share", "expected_informative"]
 
 
 def informative_share(rewards: list[list[float]]) -> float:
@@ -56,13 +56,24 @@ def _row(batch, seconds: float, **setting) -> dict:
             "tokens": sum(len(s.ids) for s in samples) / len(samples), "seconds": seconds}
 
 
+def probe_trainer(config_path: str, overrides: dict | None, scratch: str):
+    """(config, trainer) of the trainer config at `config_path` with `overrides`, built to be probed: sharing off,
+    no exchange, scheduler, tracker or Prometheus port, its metrics file in `scratch`; the policy as the run would
+    start it (its latest checkpoint when it resumes, else its warm start). The caller closes the trainer."""
+    from mrl_trainer.trainer import build_trainer
+    solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
+            "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,
+            "metrics.prometheus_port": None, "tracking.report_to": []}
+    config = load_config(config_path, solo)
+    return config, build_trainer(config)
+
+
 def measure(config_path: str, temperatures: list[float], lengths: list[int] | None = None, *, prompts: int,
             overrides: dict | None = None, on_row=lambda row: None) -> dict:
     """For the policy of the trainer config at `config_path` (with `overrides`, as `mrl trainer run --set`) on the
     `prompts` training prompts of its next step: a greedy row per max_new_tokens L in `lengths` (default: the
     config's), then a row per (T, L), G = the config's rollout.group_size; `on_row` sees each row as it is
     measured."""
-    from mrl_trainer.trainer import build_trainer
     if prompts < 1:
         raise TrainerError(f"--prompts {prompts}: give at least one prompt")
     if not temperatures:
@@ -77,12 +88,8 @@ def measure(config_path: str, temperatures: list[float], lengths: list[int] | No
                 greedy = " (greedy is always measured as well)" if name == "temperature" else ""
                 raise TrainerError(f"{name} {value}: {exc.errors()[0]['msg']}{greedy}") from None
     with tempfile.TemporaryDirectory(prefix="mrl-signal-") as scratch:
-        solo = {**(overrides or {}), "sharing.mode": "none", "exchange": None, "scheduler": None,
-                "metrics.jsonl": str(pathlib.Path(scratch) / "metrics.jsonl"), "metrics.progress": False,
-                "metrics.prometheus_port": None, "tracking.report_to": []}
-        config = load_config(config_path, solo)
+        config, trainer = probe_trainer(config_path, overrides, scratch)
         lengths = lengths or [config.rollout.max_new_tokens]
-        trainer = build_trainer(config)
         step = trainer.state.step
         try:
             problems = trainer.task.batch(step, prompts)
