@@ -85,11 +85,15 @@ def _default(field) -> str:
 
 
 def _models(annotation) -> list[type[BaseModel]]:
-    """The pydantic models an annotation holds (a model, an optional one, or a union of them)."""
-    if typing.get_origin(annotation) is typing.Annotated:
+    """The pydantic models an annotation holds as a section (a model, an optional one, or a union of them; not a list
+    of them, such as a mixture's parts, which has no dotted names)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
         return _models(typing.get_args(annotation)[0])
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
+    if origin not in (typing.Union, types.UnionType):
+        return []
     return [m for a in typing.get_args(annotation) for m in _models(a)]
 
 

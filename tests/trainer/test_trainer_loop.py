@@ -549,3 +549,25 @@ def test_gemma3_loads_from_its_gguf_as_a_base_model_prompted_after_its_bos():
     assert ids[0] == tokenizer.bos_token_id
     [[sample]] = HFEngine(model, tokenizer).generate([ids], 1, SamplingParams(max_new_tokens=12, temperature=0))
     assert "Paris" in sample.text
+
+
+def test_a_warm_start_on_its_own_task_and_seed_serves_every_run_seed(tmp_path, monkeypatch):
+    from mrl.tasks import make_task
+    from mrl_trainer.sft import WarmStartConfig, warm_start
+    from mrl_trainer.trainer import _seeded_policy, prepare_warm_start
+    monkeypatch.setenv("MRL_MODEL_CACHE", str(tmp_path / "models"))
+    linear = {"family": "linear", "level": 1}
+    settings = {"task": {"family": "mixture", "parts": [{"family": "arithmetic", "level": 2}, linear]},
+                "warm_start": {"steps": 2, "batch_size": 4, "task": linear, "seed": 7}}
+    configs = [TrainerConfig.model_validate(tiny_config(tmp_path / str(s), seed=s, **settings)) for s in (1, 2)]
+    assert [prepare_warm_start(c) for c in configs] == ["trained", "cached"]   # one entry for both run seeds
+    trainer = build_trainer(configs[1])
+    try:
+        cached = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    finally:
+        trainer.close()
+    for task, same in ((linear, True), (settings["task"], False)):    # trained on the part, with its own seed
+        model, tokenizer = _seeded_policy(configs[1], torch.device("cpu"))
+        warm_start(model, tokenizer, make_task(task), WarmStartConfig(steps=2, batch_size=4, cache=False),
+                   system_prompt=None, seed=7, cache_key="k", device=torch.device("cpu"))
+        assert all(torch.equal(cached[k], v) for k, v in model.state_dict().items()) == same

@@ -364,3 +364,45 @@ def test_find_maps_a_training_prompt_id_to_the_problem_and_nothing_else():
                       problem.prompt_id.rsplit(":", 1)[0] + ":017",
                       "linear-L1:train:3", ""):
         assert task.find(prompt_id) is None, prompt_id
+
+
+MIXTURE = {"family": "mixture", "seed": 3, "parts": [{"family": "arithmetic", "level": 2}, {"family": "linear"}]}
+
+
+def test_a_mixture_interleaves_its_parts_under_its_own_ids_with_their_problems_and_verifiers():
+    task = make_task(MIXTURE)
+    parts = [make_task({"family": "arithmetic", "level": 2, "seed": 3}), make_task({"family": "linear", "seed": 3})]
+    assert task.name == "mixture-arithmetic-L2-linear-L1" and task.size() is None
+    for split in get_args(Split):
+        for i, problem in enumerate(task.batch(0, 8, split)):
+            inner = parts[i % 2].problem(i // 2, split)
+            assert problem.prompt_id == f"mixture-arithmetic-L2-linear-L1:{split}:3:{i}"
+            assert (problem.question, problem.answer) == (inner.question, inner.answer)
+            assert problem.meta == {**inner.meta, "part": parts[i % 2].name}
+            assert task.reward(problem, f"Answer: {problem.answer}") == 1.0
+            assert task.reward(problem, f"Answer: {int(problem.answer) + 1}") == 0.0
+            assert task.extract(problem, f"so x = {problem.answer}.") == problem.answer
+            for garbage in GARBAGE:              # the part's verifier, whatever it reads
+                assert task.reward(problem, garbage) == parts[i % 2].reward(inner, garbage)
+        if split == "train":
+            assert task.find(problem.prompt_id) == problem
+            assert task.find(inner.prompt_id) is None           # a part's own id is not one of the mixture's
+    assert _dump(task.batch(2, 4)) == _dump(make_task(MIXTURE).batch(2, 4))
+    with pytest.raises(TaskError, match="names no part"):
+        task.reward(Problem("x", "q", "1", {"part": "countdown-L1"}), "Answer: 1")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"family": "mixture"}, "needs parts"),
+    ({"family": "mixture", "parts": [{"family": "linear"}]}, "needs parts: two or more"),
+    ({**MIXTURE, "level": 2}, "no level of its own"),
+    ({"family": "mixture", "parts": [{"family": "linear"}, MIXTURE]}, "'mixture' cannot be one"),
+    ({"family": "mixture", "parts": [{"family": "linear"}, {"family": "jsonl", "path": "x.jsonl"}]}, "'jsonl' cannot"),
+    ({"family": "mixture", "parts": [{"family": "linear", "seed": 4}, {"family": "arithmetic"}]}, "take its seed"),
+    ({"family": "linear", "parts": [{"family": "linear"}, {"family": "arithmetic"}]}, "only for family 'mixture'"),
+    ({"family": "mixture", "parts": [{"family": "linear"}, {"family": "linear"}]}, "names a task twice"),
+    ({"family": "mixture", "parts": [{"family": "linear", "level": 99}, {"family": "arithmetic"}]}, "out of range"),
+])
+def test_bad_mixtures_are_refused_naming_the_problem(spec, message):
+    with pytest.raises(TaskError, match=message):
+        make_task(spec)

@@ -9,6 +9,8 @@ Families (TASK_FAMILIES, keyed by the Literal `Family`):
     countdown    reach a target with L + 2 given numbers and + - * /    answer: an expression
     linear       "Solve for x: a·x + b = c", level = digits of x        answer: an integer
     jsonl        a GSM8K / MATH-style file, checked with math-verify    answer: any math-verify form
+    mixture      the problems of two or more of the procedural ones,    answer: the part's
+                 interleaved (mixture.py)
 
 make_task(spec) validates a TaskSpec (or a dict of one) and builds its task; every problem is a
 pure function of (name, seed, split, index) with prompt_id f"{name}:{split}:{seed}:{index}", so
@@ -26,6 +28,7 @@ from mrl.tasks.base import Family, Problem, Split, Task, TaskError, TaskSpec
 from mrl.tasks.countdown import CountdownTask
 from mrl.tasks.jsonl import JsonlTask
 from mrl.tasks.linear import LinearTask
+from mrl.tasks.mixture import MixtureTask
 
 __all__ = ["Family", "Split", "Problem", "Task", "TaskError", "TaskSpec", "TASK_FAMILIES", "make_task"]
 
@@ -34,6 +37,7 @@ TASK_FAMILIES: dict[Family, type[Task]] = {
     "countdown": CountdownTask,
     "linear": LinearTask,
     "jsonl": JsonlTask,
+    "mixture": MixtureTask,
 }
 
 
@@ -44,6 +48,10 @@ def make_task(spec: TaskSpec | dict) -> Task:
     except ValidationError as exc:
         raise TaskError(f"invalid task spec: {exc}") from exc
     family = TASK_FAMILIES[spec.family]
+    if spec.family == "mixture":
+        parts = [make_task(part.model_copy(update={"seed": spec.seed, "answer_format": spec.answer_format}))
+                 for part in spec.parts]
+        return MixtureTask(spec, parts)
     if spec.level > family.max_level:
         raise TaskError(f"level {spec.level} is out of range for family {spec.family!r}: "
                         f"valid levels are 1..{family.max_level}")

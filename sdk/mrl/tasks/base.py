@@ -39,7 +39,7 @@ from mrl.errors import FailedPrecondition
 __all__ = ["Family", "Split", "AnswerFormat", "TaskError", "TaskSpec", "Problem", "Task", "ProceduralTask",
            "check_split", "seeded_rng", "split_of", "last_boxed", "answer_region", "final_number"]
 
-Family = Literal["arithmetic", "countdown", "linear", "jsonl"]
+Family = Literal["arithmetic", "countdown", "linear", "jsonl", "mixture"]
 Split = Literal["train", "eval"]
 AnswerFormat = Literal["answer", "boxed"]
 
@@ -60,11 +60,15 @@ class TaskSpec(BaseModel):
     or a number that is inf or NaN, is an error that names it (as every section of a trainer config)."""
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    family: Family = Field(description="arithmetic | countdown | linear (procedural, infinite) | jsonl (a file).")
+    family: Family = Field(description="arithmetic | countdown | linear (procedural, infinite) | jsonl (a file) | "
+                                       "mixture (the problems of `parts`, interleaved).")
     level: int = Field(1, ge=1, description="Difficulty; each family documents what it scales (jsonl: 1 only).")
     seed: int = Field(0, description="Picks the problem stream (procedural) or the row order (jsonl); policies "
                                      "that co-train must share it to see the same prompts at the same step.")
     path: str | None = Field(None, description="jsonl only: the GSM8K/MATH-style JSONL file.")
+    parts: "list[TaskSpec] | None" = Field(None, description="mixture only: two or more procedural tasks (family "
+                                                             "and level; seed and answer format are the mixture's), "
+                                                             "e.g. [{family: arithmetic, level: 2}, {family: linear}].")
     answer_format: AnswerFormat = Field("answer", description="The format the question asks for: "
                                                               "answer: a last line 'Answer: ...'; boxed: \\boxed{...}. "
                                                               "Verifiers accept both.")
@@ -75,6 +79,19 @@ class TaskSpec(BaseModel):
             raise ValueError("family 'jsonl' needs path: the JSONL file of questions and answers")
         if self.family != "jsonl" and self.path is not None:
             raise ValueError(f"path is only for family 'jsonl'; remove it for the procedural family {self.family!r}")
+        if self.family == "mixture":
+            if not self.parts or len(self.parts) < 2:
+                raise ValueError("family 'mixture' needs parts: two or more tasks, e.g. "
+                                 "[{family: arithmetic, level: 2}, {family: linear, level: 1}]")
+            if self.level != 1:
+                raise ValueError("a mixture has no level of its own: give each part its level")
+            for part in self.parts:
+                if part.family in ("mixture", "jsonl"):
+                    raise ValueError(f"a mixture's parts are procedural tasks; {part.family!r} cannot be one")
+                if part.seed != 0 or part.answer_format != "answer":
+                    raise ValueError("a mixture's parts take its seed and answer format: set them on the mixture")
+        elif self.parts is not None:
+            raise ValueError(f"parts is only for family 'mixture'; remove it for {self.family!r}")
         return self
 
 

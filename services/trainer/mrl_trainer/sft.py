@@ -10,7 +10,8 @@ reference answers of the task's TRAIN split, in the exact form the rollout will 
     L(θ) = (1/B) Σ_i  −(1/|y_i|) Σ_t log π_θ(y_i,t | x_i, y_i,<t)      response tokens only, mean over the batch
 
 Step s (0 ≤ s < steps) trains on task.batch(s, batch_size, split="train"), so the data are a pure
-function of the task and the spec. AdamW (no weight decay, gradient norm clipped to 1), the
+function of the task and the spec. The trainer hands in `warm_start.task` when set (e.g. one part of a
+mixture: the policy is taught one skill, then RL-trained on all), else its RL task. AdamW (no weight decay, gradient norm clipped to 1), the
 learning rate warmed up linearly over the first 5% of the steps, then decayed to 0 on a cosine.
 Dropout is as the model has it (load_policy turns it off). The torch RNG is seeded with `seed`
 inside a fork, so the caller's RNG state is the same whether the result was trained or loaded.
@@ -18,7 +19,7 @@ inside a fork, so the caller's RNG state is the same whether the result was trai
 Caching (spec.cache): the weights are saved with safetensors in
 
     model_cache_dir() / f"sft-{cache_key}-{h}" / model.safetensors   (+ sft.json: spec, seed, losses, trained_with)
-    h = sha256(SFT_VERSION, steps, lr, batch_size, seed, system_prompt)[:12]
+    h = sha256(SFT_VERSION, steps, lr, batch_size, task (when set), seed, system_prompt)[:12]
 
 where `cache_key` is the caller's hash of the model spec and the task spec. The folder is written
 in a temporary folder beside it and moved into place with os.replace, so a crash never leaves a
@@ -59,7 +60,7 @@ from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.policy import prompt_ids
 from mrl_trainer.section import Section
-from mrl.tasks import Problem, Task
+from mrl.tasks import Problem, Task, TaskSpec
 
 __all__ = ["WarmStartConfig", "WarmStartStopped", "warm_start", "response_text", "response_ids", "response_nll",
            "cache_folder", "SFT_VERSION"]
@@ -85,6 +86,12 @@ class WarmStartConfig(Section):
                                               "then cosine decay to 0).")
     batch_size: int = Field(32, ge=1, description="Problems per step; the loss is the mean over them of each "
                                                   "response's mean token negative log-likelihood.")
+    task: TaskSpec | None = Field(None, description="The supervised pass's task (default: the RL task), e.g. one "
+                                                    "part of a mixture: a policy taught one skill, then RL-trained "
+                                                    "on all of them.")
+    seed: int | None = Field(None, description="The seed of the supervised pass and of a from-scratch model's "
+                                               "initial weights (default: the run's). Fixed, the runs of every RL "
+                                               "seed start from the one cached warm start.")
     cache: bool = Field(True, description="Reuse the weights of an earlier identical warm start from the model "
                                           "cache (MRL_MODEL_CACHE), and store them there after training.")
 
@@ -121,7 +128,7 @@ def cache_folder(spec: WarmStartConfig, *, system_prompt: str | None, seed: int,
     """Where the result of this warm start is cached (whether or not it is there)."""
     if not _KEY.fullmatch(cache_key):
         raise TrainerError(f"warm-start cache_key {cache_key!r} must be 1-128 letters, digits, '.', '_' or '-'")
-    identity = {"version": SFT_VERSION, **spec.model_dump(exclude={"cache"}), "seed": seed,
+    identity = {"version": SFT_VERSION, **spec.model_dump(exclude={"cache"}, exclude_none=True), "seed": seed,
                 "system_prompt": system_prompt}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     return model_cache_dir() / f"sft-{cache_key}-{digest[:12]}"

@@ -145,10 +145,13 @@ def _device(config: TrainerConfig) -> torch.device:
 
 
 def _seeded_policy(config: TrainerConfig, device: torch.device):
-    """(model, tokenizer) of config.model, with Python's and NumPy's RNGs seeded first."""
+    """(model, tokenizer) of config.model, with Python's and NumPy's RNGs seeded first. A model built from scratch
+    takes its initial weights from warm_start.seed when that is set (the one cached warm start that serves every run
+    seed starts from them, whichever run trains it), else from the run's seed."""
     random.seed(config.seed)
     np.random.seed(config.seed)
-    return load_policy(config.model, device, seed=config.seed)
+    fixed = config.warm_start.seed if config.warm_start else None
+    return load_policy(config.model, device, seed=config.seed if fixed is None else fixed)
 
 
 def prepare_warm_start(config: TrainerConfig, should_stop=lambda: False) -> str:
@@ -169,11 +172,14 @@ def prepare_warm_start(config: TrainerConfig, should_stop=lambda: False) -> str:
 
 
 def _warm_start(config: TrainerConfig, model, tokenizer, task, device, should_stop) -> dict:
-    """The supervised warm start, cached by model, task and warm-start settings (sft.py); its stats."""
+    """The supervised warm start, cached by model, task and warm-start settings (sft.py); its stats. It trains on
+    warm_start.task when set (else the RL task `task`) with warm_start.seed when set (else the run's seed)."""
+    spec = config.warm_start
     key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
                           digest_size=8).hexdigest()
-    stats = warm_start(model, tokenizer, task, config.warm_start, system_prompt=config.system_prompt,
-                       seed=config.seed, cache_key=key, device=device, should_stop=should_stop)
+    stats = warm_start(model, tokenizer, make_task(spec.task) if spec.task else task, spec,
+                       system_prompt=config.system_prompt, seed=config.seed if spec.seed is None else spec.seed,
+                       cache_key=key, device=device, should_stop=should_stop)
     log.info("warm start: %s", "loaded from the cache" if stats["cached"] else
              f"{stats['steps']} steps, loss {stats['initial_loss']:.3f} → {stats['final_loss']:.3f}, "
              f"{stats['seconds']:.0f} s")
