@@ -56,10 +56,12 @@ def main() -> None:
     task = make_task({"family": family, "level": int(level), "seed": int(seed)})
     P, G = args.prompts_per_step, args.group_size
     align = None
-    with ExchangeClient(exchange_target.value, args.token, token_source="--token") as exchange:
+    with ExchangeClient(exchange_target.value, args.token, token_source="--token",
+                        target_source=exchange_target.source) as exchange:
         try:
             if align_target.value is not None:
-                align = AlignClient(align_target.value, args.token, token_source="--token")
+                align = AlignClient(align_target.value, args.token, token_source="--token",
+                                    target_source=align_target.source)
             mutual = Mutual(exchange=exchange, run_id=args.run_id, policy=args.policy, tokenizer_id=args.tokenizer_id,
                             sharing=args.sharing, peers=args.peers, align=align, peer_wait_s=60)
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, padding_side="left")
@@ -69,9 +71,10 @@ def main() -> None:
                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id))
             with tempfile.TemporaryDirectory() as out:
-                config = GRPOConfig(output_dir=out, use_cpu=True, max_steps=args.steps, per_device_train_batch_size=P * G,
-                                    num_generations=G, max_completion_length=16, shuffle_dataset=False, beta=0.0,
-                                    learning_rate=1e-3, report_to="none", save_strategy="no", logging_steps=1)
+                config = GRPOConfig(output_dir=out, use_cpu=True, max_steps=args.steps, num_generations=G,
+                                    per_device_train_batch_size=P * G, max_completion_length=16, beta=0.0,
+                                    shuffle_dataset=False, learning_rate=1e-3, report_to="none", save_strategy="no",
+                                    logging_steps=1)
                 trainer = MutualGRPOTrainer(model=model, reward_funcs=task_reward(task, args.steps * P),
                                             processing_class=tokenizer, args=config, mutual=mutual,
                                             train_dataset=task_dataset(task, tokenizer, args.steps * P))

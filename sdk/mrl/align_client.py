@@ -104,11 +104,11 @@ def _job_request(job: "AlignJob | Mapping") -> tpb.AlignRequest:
 class AlignClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
                  max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, timeout_s: float | None = None,
-                 token_source: str | None = None):
+                 token_source: str | None = None, target_source: str | None = None):
         """`timeout_s` bounds each RPC (DeadlineExceeded, not retried); None: no deadline. `token` and
-        `token_source` as ExchangeClient's."""
+        `token_source`, `target_source` as ExchangeClient's."""
         self._connection = Connection("tokenizer alignment service", target, token, tls_root_cert, max_message_bytes,
-                                      token_source=token_source)
+                                      token_source=token_source, target_source=target_source)
         self._stub = tokenizer_align_pb2_grpc.TokenizerAlignStub(self._connection.channel)
         self.backoff = backoff or Backoff()
         self.timeout_s = timeout_s

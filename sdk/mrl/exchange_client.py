@@ -57,8 +57,9 @@ class _Requests:
     """The channel and token metadata, and request building and checking, shared by both clients."""
 
     def __init__(self, target: str, token: str | None, tls_root_cert: bytes | None, max_message_bytes: int,
-                 aio: bool = False, token_source: str | None = None):
-        self.connection = Connection("exchange", target, token, tls_root_cert, max_message_bytes, aio, token_source)
+                 aio: bool = False, token_source: str | None = None, target_source: str | None = None):
+        self.connection = Connection("exchange", target, token, tls_root_cert, max_message_bytes, aio, token_source,
+                                     target_source)
         self.max_message_bytes = max_message_bytes
 
     @property
@@ -105,10 +106,12 @@ class _Requests:
 
 class ExchangeClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
-                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, token_source: str | None = None):
-        """`token`: the bearer token, or None for the environment's MRL_TOKEN; `token_source` names where the caller
-        took it from, for the errors (mrl.grpc_client.Connection)."""
-        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, token_source=token_source)
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, token_source: str | None = None,
+                 target_source: str | None = None):
+        """`token`: the bearer token, or None for the environment's MRL_TOKEN; `token_source` and `target_source`
+        name where the caller took the token and the target from, for the errors (mrl.grpc_client.Connection)."""
+        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, token_source=token_source,
+                              target_source=target_source)
         self._connection = self._req.connection
         self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._connection.channel)
         self.backoff = backoff or Backoff(attempts=None, budget_s=RETRY_BUDGET_S)
@@ -216,8 +219,10 @@ class AsyncExchangeClient:
     """The asyncio twin of ExchangeClient."""
 
     def __init__(self, target: str, token: str | None = None, *, tls_root_cert: bytes | None = None,
-                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, token_source: str | None = None):
-        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, aio=True, token_source=token_source)
+                 max_message_bytes: int = 16 << 20, backoff: Backoff | None = None, token_source: str | None = None,
+                 target_source: str | None = None):
+        self._req = _Requests(target, token, tls_root_cert, max_message_bytes, aio=True, token_source=token_source,
+                              target_source=target_source)
         self._connection = self._req.connection
         self._stub = exchange_pb2_grpc.ExperienceExchangeStub(self._connection.channel)
         self.backoff = backoff or Backoff(attempts=None, budget_s=RETRY_BUDGET_S)

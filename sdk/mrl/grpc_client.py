@@ -51,17 +51,20 @@ class Connection:
     """A channel to `target`, the metadata carrying the bearer token, and where each came from, for the errors.
 
     The token is the `token` argument, or else the environment's MRL_TOKEN (mrl.precedence); `token_source` names
-    where the caller took the argument from (default: "the token argument"). TLS when `tls_root_cert` (PEM) is
-    given, or else when the environment names a PEM file in MRL_TLS_ROOT_CERT."""
+    where the caller took the argument from (default: "the token argument"), and `target_source` the target's (not
+    named by default). TLS when `tls_root_cert` (PEM) is given, or else when the environment names a PEM file in
+    MRL_TLS_ROOT_CERT."""
 
     def __init__(self, service: str, target: str, token: str | None, tls_root_cert: bytes | None,
-                 max_message_bytes: int, aio: bool = False, token_source: str | None = None):
+                 max_message_bytes: int, aio: bool = False, token_source: str | None = None,
+                 target_source: str | None = None):
         token_setting = resolve(token, token_source or "the token argument", TOKEN_ENV)
         token = token_setting.value
         self.token_source = token_setting.source if token else None     # None: no token is sent
         cert = resolve(tls_root_cert, env=TLS_ENV)
         tls_root_cert = _read_root_cert(cert.value) if cert.source == TLS_ENV else cert.value
-        self.service, self.target, self.tls = service, target, tls_root_cert is not None
+        self.service, self.target, self.target_source = service, target, target_source
+        self.tls = tls_root_cert is not None
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes),
@@ -73,7 +76,8 @@ class Connection:
 
     def where(self) -> str:
         token = f"token from {self.token_source}" if self.token_source else "no token sent"
-        return f"the {self.service} at {self.target} ({'TLS' if self.tls else 'plaintext'}, {token})"
+        target = f"{self.target} from {self.target_source}" if self.target_source else self.target
+        return f"the {self.service} at {target} ({'TLS' if self.tls else 'plaintext'}, {token})"
 
     def error(self, exc: grpc.RpcError, hint: str = "") -> errors.MrlError:
         """The call's `mrl.errors` class; an auth or connection error names where it went and its token's source."""

@@ -45,11 +45,12 @@ DEFAULT_TTL_S = 30.0
 class SchedulerClient(BlockingClient):
     def __init__(self, target: str, token: str | None = None, *, run_id: str = "default", policy: str = "default",
                  worker: str | None = None, tls_root_cert: bytes | None = None, max_message_bytes: int = 4 << 20,
-                 backoff: Backoff | None = None, token_source: str | None = None):
+                 backoff: Backoff | None = None, token_source: str | None = None,
+                 target_source: str | None = None):
         """`run_id`, `policy` and `worker` (default: host-pid) are what every lease is acquired as; `token` and
-        `token_source` as ExchangeClient's."""
+        `token_source`, `target_source` as ExchangeClient's."""
         self._connection = Connection("scheduler", target, token, tls_root_cert, max_message_bytes,
-                                      token_source=token_source)
+                                      token_source=token_source, target_source=target_source)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._connection.channel)
         self.run_id, self.policy = run_id, policy
         self.worker = worker or f"{socket.gethostname()[:40]}-{os.getpid()}"

@@ -92,7 +92,7 @@ def test_unpublished_steps_are_counted_warned_and_stop_the_run_at_the_limit(tmp_
         trainer.close()
 
 
-def test_the_trainer_checks_its_connection_before_loading_the_model(tmp_path, exchange, run_id):
+def test_the_trainer_checks_its_connection_before_loading_the_model(tmp_path, exchange, run_id, monkeypatch):
     """A trainer pointed at the exchange's REST port stops at once with what to fix, before its model is loaded
     (here a model folder that does not exist: loading it would fail otherwise)."""
     import pytest
@@ -101,8 +101,10 @@ def test_the_trainer_checks_its_connection_before_loading_the_model(tmp_path, ex
     from mrl import errors
     from mrl_trainer import app
     path = tmp_path / "policy.yaml"
+    monkeypatch.delenv("MRL_TOKEN", raising=False)
     rest = f"127.0.0.1:{exchange.server.admin_port}"
     path.write_text(yaml.safe_dump(tiny_config(tmp_path, run_id=run_id, steps=1, model={
         "source": "hf", "path": str(tmp_path / "no-such-model")}, exchange={"target": rest, "tokenizer_id": "gpt2"})))
-    with pytest.raises(errors.Unavailable, match=f"the exchange at {rest} .*this is the REST port"):
+    with pytest.raises(errors.Unavailable, match=f"the exchange at {rest} from exchange.target in {path} "
+                                                 r"\(plaintext, no token sent\).*this is the REST port"):
         app.run(str(path))

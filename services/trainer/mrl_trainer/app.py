@@ -70,6 +70,7 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
             from mrl.exchange_client import Backoff, ExchangeClient
             exchange = stack.enter_context(ExchangeClient(
                 config.exchange.target, config.exchange.token, token_source=config.source("exchange.token"),
+                target_source=config.source("exchange.target"),
                 backoff=Backoff(attempts=None, budget_s=PUBLISH_BUDGET_S)))
         if ranks.main:
             check_connections(config, exchange)
