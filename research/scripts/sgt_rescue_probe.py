@@ -42,7 +42,7 @@ from mrl_tokenizer_align.vocab import load_vocab
 from mrl_trainer.config import load_config
 from mrl_trainer.experience import StepBatch
 from mrl_trainer.peers import Retokenizer
-from mrl_trainer.policy import prompt_ids
+from mrl.prompts import prompt_ids
 from mrl_trainer.rationalize import hinted
 from mrl_trainer.rollout.base import SamplingParams
 from mrl_trainer.sharing import make_sharing, mode_sections, sharing_config

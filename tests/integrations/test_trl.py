@@ -310,3 +310,25 @@ def test_mrl_bench_trl_quick_ends_with_one_json_line(tmp_path):
     assert result["modes"]["none"]["peer_experiences_used"] == 0
     assert result["modes"]["xgrpo"]["peer_experiences_used"] > 0 and result["modes"]["sgt"]["peer_experiences_used"] > 0
     assert result["peer_experiences_used"] == sum(m["peer_experiences_used"] for m in result["modes"].values())
+
+
+@pytest.mark.parametrize("folder", ["smollm2-tokenizer", "gemma3-tokenizer", "gpt2.tiktoken"])
+def test_the_datasets_prompts_encode_as_trl_does_to_the_trainers_prompt_ids(folder):
+    """TRL encodes a prompt string with the tokenizer's special tokens: the text must not carry a BOS that the encoding
+    adds again (Gemma), and a base model's tokenizer without a chat template gets the trainer's plain one."""
+    from transformers import AutoTokenizer
+    from mrl.prompts import prompt_ids
+    from mrl_trainer.policy import ModelSpec, load_policy
+    path = str(tokenizer_cache_dir() / folder)
+    if folder.endswith(".tiktoken"):
+        _, tokenizer = load_policy(ModelSpec(source="config", tokenizer=path, architecture={"model_type": "gpt2",
+                                             "n_layer": 1, "n_embd": 8, "n_head": 1}))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    task = make_task(TASK)
+    rows = task_dataset(task, tokenizer, 3)
+    for row, problem in zip(rows, task.batch(0, 3)):
+        encoded = tokenizer(text=row["prompt"])["input_ids"]          # as GRPOTrainer encodes a plain-text prompt
+        assert encoded == prompt_ids(tokenizer, problem.question)
+    if folder == "gemma3-tokenizer":
+        assert encoded[0] == tokenizer.bos_token_id and encoded.count(tokenizer.bos_token_id) == 1

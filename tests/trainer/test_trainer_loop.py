@@ -22,7 +22,8 @@ from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
 from mrl_trainer.metrics import read_metrics
 from mrl_trainer.outbox import Outbox
-from mrl_trainer.policy import ModelSpec, forward_dtype, load_policy, prompt_ids
+from mrl.prompts import prompt_ids
+from mrl_trainer.policy import ModelSpec, forward_dtype, load_policy
 from mrl_trainer.rollout import SamplingParams
 from mrl_trainer.rollout.hf import HFEngine
 from mrl_trainer.trainer import Trainer, build_trainer
@@ -527,7 +528,7 @@ def test_warm_start_command_caches_what_the_run_then_loads(tmp_path):
 
 def test_the_plain_template_begins_with_the_bos_only_where_the_tokenizer_adds_one():
     from transformers import AutoTokenizer
-    from mrl_trainer.policy import PLAIN_CHAT_TEMPLATE, default_template
+    from mrl.prompts import PLAIN_CHAT_TEMPLATE, default_template
     gemma3 = AutoTokenizer.from_pretrained(str(tokenizer_cache_dir() / "gemma3-tokenizer"))
     assert gemma3("x").input_ids[0] == gemma3.bos_token_id
     assert default_template(gemma3) == "{{ bos_token }}" + PLAIN_CHAT_TEMPLATE

@@ -134,13 +134,14 @@ class Mutual:
 def task_dataset(task, tokenizer, n: int):
     """The run's prompts as TRL's train dataset: the first n train problems of an mrl.tasks task in order (=
     task.batch(t, P) for t = 0, 1, ..., the mrl trainer's step-t prompts), as rows `prompt` (the question as one user
-    turn in the tokenizer's chat template, as the mrl trainer poses it) and `prompt_id`. Train with
+    turn in the tokenizer's chat template, as the mrl trainer poses it: mrl.prompts, the same token ids once TRL
+    encodes it) and `prompt_id`; a tokenizer without a chat template is given the trainer's. Train with
     shuffle_dataset=False and P = generation_batch_size / num_generations for step t to hold the peers' prompts."""
     from datasets import Dataset
-    return Dataset.from_list([
-        {"prompt": tokenizer.apply_chat_template([{"role": "user", "content": p.question}], add_generation_prompt=True,
-                                                 tokenize=False), "prompt_id": p.prompt_id}
-        for p in task.batch(0, n)])
+    from mrl.prompts import ensure_template, prompt_text
+    ensure_template(tokenizer)      # a base model's tokenizer (Gemma-3-270M) has none: the trainer's plain form
+    return Dataset.from_list([{"prompt": prompt_text(tokenizer, p.question), "prompt_id": p.prompt_id}
+                              for p in task.batch(0, n)])
 
 
 def task_reward(task, n: int):

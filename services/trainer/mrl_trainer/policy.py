@@ -8,9 +8,9 @@
              model (e.g. GPT-2) with random weights     or a HF tokenizer folder
 
 Chat templates are respected: a model's own template formats its prompts; a tokenizer without
-one (GPT-2, a base model such as Gemma-3-270M) gets `chat_template` from the spec, by default a
-plain "User: ...\\nAssistant:" form, which begins with the tokenizer's BOS when its own encoding
-begins with one (Gemma: `<bos>`, without which the model's continuations degenerate).
+one (GPT-2, a base model such as Gemma-3-270M) gets `chat_template` from the spec, by default
+mrl.prompts' plain "User: ...\\nAssistant:" form (after the BOS where the tokenizer's encoding
+begins with one). prompt_ids (mrl.prompts) poses a question.
 No model hub is reached (docs/deployment.md, "Models and tokenizers"): every path is local.
 """
 import hashlib
@@ -24,17 +24,11 @@ import torch
 from pydantic import Field, model_validator
 
 from mrl.assets import expand, model_cache_dir
+from mrl.prompts import ensure_template
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.section import Section
 
-__all__ = ["ModelSpec", "load_policy", "gguf_folder", "prompt_ids", "PLAIN_CHAT_TEMPLATE", "default_template"]
-
-# For tokenizers that have no chat template (GPT-2, base models): one turn per line, the answer after
-# "Assistant:"; default_template puts the BOS first where the tokenizer's own encoding does.
-PLAIN_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}")
-
+__all__ = ["ModelSpec", "load_policy", "gguf_folder"]
 
 class ModelSpec(Section):
     """Where a policy's weights and tokenizer come from."""
@@ -46,7 +40,7 @@ class ModelSpec(Section):
     architecture: dict | None = Field(None, description="config: a transformers config as a mapping, with "
                                                         "`model_type` (e.g. gpt2, llama) and its sizes.")
     chat_template: str | None = Field(None, description="Jinja chat template when the tokenizer has none "
-                                                        "(default PLAIN_CHAT_TEMPLATE).")
+                                                        "(default mrl.prompts.default_template).")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="The weights' (and so the optimizer state's) dtype. auto: float32; on a GPU the "
                             "forward passes still run in bfloat16 under `autocast`. bfloat16 weights round away "
@@ -158,14 +152,6 @@ def forward_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def default_template(tokenizer) -> str:
-    """PLAIN_CHAT_TEMPLATE, after `{{ bos_token }}` when the tokenizer's own encoding of text begins with its BOS
-    (a model trained with one, as Gemma, sees it first in every prompt; GPT-2's encoding adds none)."""
-    bos = tokenizer.bos_token_id
-    adds_bos = bos is not None and tokenizer("x").input_ids[:1] == [bos]
-    return ("{{ bos_token }}" if adds_bos else "") + PLAIN_CHAT_TEMPLATE
-
-
 def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 0):
     """(model, tokenizer) on `device`; the model in train mode, the tokenizer padded on the left."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -194,8 +180,7 @@ def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int =
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = spec.chat_template or default_template(tokenizer)
+    ensure_template(tokenizer, spec.chat_template)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     # Dropout off (as TRL's disable_dropout): the PPO ratio must compare the same function of θ
     # in rollout and update, and a random mask would make π_θ/π_old noisy even at θ = θ_old.
@@ -206,11 +191,3 @@ def load_policy(spec: ModelSpec, device: str | torch.device = "cpu", seed: int =
         model.activation_checkpointing_enable()
         model.config.use_cache = False
     return model.to(device).train(), tokenizer
-
-
-def prompt_ids(tokenizer, question: str, system: str | None = None) -> list[int]:
-    """The token ids of a one-turn prompt in the tokenizer's chat template, ready for generation."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return list(ids)
-

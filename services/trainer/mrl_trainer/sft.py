@@ -58,7 +58,7 @@ from safetensors.torch import load_model, save_model
 from mrl.assets import model_cache_dir
 from mrl_trainer.errors import TrainerError
 from mrl_trainer.logprobs import completion_logprobs
-from mrl_trainer.policy import prompt_ids
+from mrl.prompts import prompt_ids
 from mrl_trainer.section import Section
 from mrl.tasks import Problem, Task, TaskSpec
 

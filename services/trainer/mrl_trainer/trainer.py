@@ -41,6 +41,7 @@ import torch
 from mrl.errors import MrlError
 from mrl.experience import validate
 from mrl.peers import guided_batch
+from mrl.prompts import prompt_ids
 from mrl_trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from mrl_trainer.config import TrainerConfig
 from mrl_trainer.connections import align_client, scheduler_client
@@ -53,7 +54,7 @@ from mrl_trainer.metrics import MetricsSink
 from mrl_trainer.optimizer import adamw
 from mrl_trainer.outbox import Outbox
 from mrl_trainer.peers import PeerInbox, Retokenizer, to_peer_batch
-from mrl_trainer.policy import forward_dtype, load_policy, prompt_ids
+from mrl_trainer.policy import forward_dtype, load_policy
 from mrl_trainer.rationalize import rationalize
 from mrl_trainer.rollout import SamplingParams, make_engine
 from mrl_trainer.sft import warm_start
