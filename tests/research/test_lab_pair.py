@@ -14,7 +14,7 @@ from mrl.assets import tokenizer_cache_dir
 from mrl.cli import main
 from mrl_research.lab.pair import compare_sets, measure_pair
 from mrl_trainer.errors import TrainerError
-from mrl_trainer.tasks import make_task
+from mrl.tasks import make_task
 
 
 def _sets(policy, greedy, sampled, group_size=4):
