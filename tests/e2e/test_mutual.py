@@ -247,6 +247,7 @@ def test_an_unreachable_scheduler_stops_the_run_with_a_clear_error(tmp_path):
         trainer.close()
 
 
+@pytest.mark.timeout(420)   # every registered mode, each a real two-policy run
 def test_experiment_compare_runs_each_mode_and_compares_them(tmp_path, monkeypatch):
     from mrl_launcher.experiment import run_compare
     monkeypatch.setenv("MRL_MODEL_CACHE", str(tmp_path / "models"))
