@@ -37,6 +37,23 @@ def test_the_pair_figures_by_hand():
     assert compare_sets(everything, b)["a"]["rescue_share"] is None     # no all-fail group: nothing to rescue
     with pytest.raises(TrainerError, match="do not see the same prompts"):
         compare_sets(a, _sets("d", greedy=[1, 0], sampled=[1, 0]))
+    assert "per_part" not in result
+
+
+def test_a_mixture_is_also_measured_per_part():
+    a = _sets("a", greedy=[1, 1, 0, 0, 0], sampled=[4, 2, 0, 0, 1])
+    b = _sets("b", greedy=[1, 0, 1, 0, 0], sampled=[3, 0, 2, 1, 0])
+    for x in (a, b):        # prompts 0, 2, 4 from one part, 1, 3 from the other
+        x["parts"] = {i: ("arithmetic-L2", "linear-L1")[k % 2] for k, i in enumerate(x["greedy"])}
+    result = compare_sets(a, b)
+    assert list(result["per_part"]) == ["arithmetic-L2", "linear-L1"]
+    add, lin = result["per_part"]["arithmetic-L2"], result["per_part"]["linear-L1"]
+    assert (add["task"], add["prompts"], lin["prompts"]) == ("arithmetic-L2", 3, 2)
+    # arithmetic: a's counts 4, 0, 1 and b's 3, 2, 0; linear: a's 2, 0 and b's 0, 1
+    assert (add["a"]["all_fail"], add["a"]["rescuable"], add["b"]["all_fail"], add["b"]["rescuable"]) == (1, 1, 1, 1)
+    assert (lin["a"]["all_fail"], lin["a"]["rescuable"], lin["b"]["all_fail"], lin["b"]["rescuable"]) == (1, 1, 1, 1)
+    assert add["a"]["sampled"] == 5 / 12 and lin["b"]["greedy"] == 0.0
+    assert "per_part" not in add
 
 
 def _config(tmp_path, name, **model):

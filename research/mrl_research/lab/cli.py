@@ -215,16 +215,22 @@ def pair(parser):
                               overrides=parse_overrides(args.overrides),
                               overrides_a=parse_overrides(args.overrides_a),
                               overrides_b=parse_overrides(args.overrides_b))
+        def show(figures: dict, indent: str) -> None:
+            for side, other in (("a", "b"), ("b", "a")):
+                x, share = figures[side], figures[side]["rescue_share"]
+                print(f"{indent}{x['policy']}: greedy {x['greedy']:.3f}, sampled {x['sampled']:.3f}, all-fail "
+                      f"groups {x['all_fail']}, of which {figures[other]['policy']} solves {x['rescuable']} (rescue "
+                      f"share {'–' if share is None else format(share, '.3f')})", flush=True)
+            for name in ("greedy_overlap", "solved_overlap"):
+                o = figures[name]
+                print(f"{indent}{name.replace('_', ' ')}: both {o['both']} (chance {o['chance']:.1f}), only "
+                      f"{figures['a']['policy']} {o['only_a']}, only {figures['b']['policy']} {o['only_b']}",
+                      flush=True)
         print(f"{result['task']}, the first {result['prompts']} training prompts", flush=True)
-        for side, other in (("a", "b"), ("b", "a")):
-            x, share = result[side], result[side]["rescue_share"]
-            print(f"  {x['policy']}: greedy {x['greedy']:.3f}, sampled {x['sampled']:.3f}, all-fail groups "
-                  f"{x['all_fail']}, of which {result[other]['policy']} solves {x['rescuable']} (rescue share "
-                  f"{'–' if share is None else format(share, '.3f')})", flush=True)
-        for name in ("greedy_overlap", "solved_overlap"):
-            o = result[name]
-            print(f"  {name.replace('_', ' ')}: both {o['both']} (chance {o['chance']:.1f}), only "
-                  f"{result['a']['policy']} {o['only_a']}, only {result['b']['policy']} {o['only_b']}", flush=True)
+        show(result, "  ")
+        for part, figures in result.get("per_part", {}).items():
+            print(f"  {part} ({figures['prompts']} prompts)", flush=True)
+            show(figures, "    ")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}), flush=True)

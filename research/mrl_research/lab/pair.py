@@ -17,7 +17,7 @@ and, for the pair,
     rescue share        r(A←B) = |F_A ∩ T_B| / |F_A|: of A's all-fail groups, the share where B succeeds at least
                         once, the prompts SGT can rescue for A (and r(B←A) the other way)
 
-An overlap above chance means the two find the same prompts easy (little to give); a rescue share near 0 means SGT
+On a mixture (mrl.tasks.mixture) the same figures are given per part ("per_part"). An overlap above chance means the two find the same prompts easy (little to give); a rescue share near 0 means SGT
 has nothing to teach. Nothing is trained, published or checkpointed.
 """
 import tempfile
@@ -31,7 +31,8 @@ __all__ = ["solve_sets", "compare_sets", "measure_pair"]
 
 def solve_sets(config_path: str, overrides: dict | None, prompts: int) -> dict:
     """One policy on the first `prompts` training prompts: {policy, task, greedy: {prompt_id: 0|1},
-    sampled: {prompt_id: successes of G}, group_size, temperature, max_new_tokens}."""
+    sampled: {prompt_id: successes of G}, parts: {prompt_id: a mixture's part or None}, group_size, temperature,
+    max_new_tokens}."""
     with tempfile.TemporaryDirectory(prefix="mrl-pair-") as scratch:
         config, trainer = probe_trainer(config_path, overrides, scratch)
         try:
@@ -48,6 +49,7 @@ def solve_sets(config_path: str, overrides: dict | None, prompts: int) -> dict:
     return {"policy": config.policy, "task": trainer.task.name, "task_seed": config.task.seed,
             "group_size": rollout.group_size, "temperature": rollout.temperature,
             "max_new_tokens": rollout.max_new_tokens,
+            "parts": {p.prompt_id: p.meta.get("part") for p in problems},
             "greedy": {p.prompt_id: int(g[0] >= 1.0) for p, g in zip(problems, greedy.rewards)},
             "sampled": {p.prompt_id: sum(r >= 1.0 for r in g) for p, g in zip(problems, sampled.rewards)}}
 
@@ -75,8 +77,12 @@ def compare_sets(a: dict, b: dict) -> dict:
         return {"policy": x["policy"], "greedy": len({i for i in ids if x["greedy"][i]}) / n,
                 "sampled": sum(x["sampled"].values()) / (n * x["group_size"]), "all_fail": len(fail),
                 "rescuable": len(fail & other_t), "rescue_share": len(fail & other_t) / len(fail) if fail else None}
-    return {"task": a["task"], "prompts": n, "a": side(a, ta, tb), "b": side(b, tb, ta),
-            "greedy_overlap": _overlap(sa, sb, n), "solved_overlap": _overlap(ta, tb, n)}
+    result = {"task": a["task"], "prompts": n, "a": side(a, ta, tb), "b": side(b, tb, ta),
+              "greedy_overlap": _overlap(sa, sb, n), "solved_overlap": _overlap(ta, tb, n)}
+    parts = dict.fromkeys(part for part in a.get("parts", {}).values() if part)
+    if len(parts) > 1:          # a mixture: the same figures on each part's prompts
+        result["per_part"] = {part: compare_sets(_only(a, part), _only(b, part)) for part in parts}
+    return result
 
 
 def measure_pair(config_a: str, config_b: str, *, prompts: int, overrides: dict | None = None,
@@ -97,3 +103,9 @@ def measure_pair(config_a: str, config_b: str, *, prompts: int, overrides: dict 
     result["per_prompt"] = {i: [a["greedy"][i], a["sampled"][i], b["greedy"][i], b["sampled"][i]]
                             for i in a["greedy"]}
     return result
+
+
+def _only(sets: dict, part: str) -> dict:
+    ids = [i for i, p in sets["parts"].items() if p == part]
+    return {**sets, "task": part, "parts": {i: part for i in ids}, "greedy": {i: sets["greedy"][i] for i in ids},
+            "sampled": {i: sets["sampled"][i] for i in ids}}
