@@ -14,7 +14,7 @@ from mrl.assets import tokenizer_cache_dir
 from mrl.cli import main
 from mrl_research.lab.pair import compare_sets, measure_pair
 from mrl_trainer.errors import TrainerError
-from mrl.tasks import make_task
+from mrl.tasks import TaskError, make_task
 
 
 def _sets(policy, greedy, sampled, group_size=4):
@@ -86,13 +86,17 @@ def test_a_policy_that_adds_and_one_that_cannot_measured_on_the_same_prompts(tmp
     assert result["settings"] == {"a": {"group_size": 4, "temperature": 1.0, "max_new_tokens": 12},
                                   "b": {"group_size": 4, "temperature": 1.0, "max_new_tokens": 12}}
     assert not (tmp_path / "a" / "ckpt").exists()          # nothing trained by RL, published or checkpointed
-    out = io.StringIO()                                    # the command: the same figures, warm starts cached
+    assert result["split"] == "train"
+    out = io.StringIO()                                    # the command, on the held-out prompts
     with contextlib.redirect_stdout(out):
-        main(["lab", "pair", a, b, "--prompts", "12", "--out", str(tmp_path / "pair.json")])
+        main(["lab", "pair", a, b, "--prompts", "12", "--split", "eval", "--out", str(tmp_path / "pair.json")])
     lines = out.getvalue().strip().splitlines()
-    assert lines[0] == "arithmetic-L1, the first 12 training prompts"
-    assert json.loads(lines[-1]) == {k: v for k, v in result.items() if k != "per_prompt"}
-    assert json.loads((tmp_path / "pair.json").read_text()) == result
+    assert lines[0] == "arithmetic-L1, the first 12 eval prompts"
+    held_out = json.loads((tmp_path / "pair.json").read_text())
+    assert json.loads(lines[-1]) == {k: v for k, v in held_out.items() if k != "per_prompt"}
+    assert list(held_out["per_prompt"]) == [p.prompt_id for p in task.batch(0, 12, "eval")]
+    assert held_out["split"] == "eval"
+    assert held_out["a"]["greedy"] == sum(row[0] for row in held_out["per_prompt"].values()) / 12
 
 
 def test_policies_on_different_tasks_are_refused_before_a_model_is_built(tmp_path):
@@ -101,3 +105,5 @@ def test_policies_on_different_tasks_are_refused_before_a_model_is_built(tmp_pat
         measure_pair(a, b, prompts=4, overrides_b={"task.level": 2, "model.tokenizer": "/no/such/file"})
     with pytest.raises(TrainerError, match="at least one prompt"):
         measure_pair(a, b, prompts=0)
+    with pytest.raises(TaskError, match="unknown split 'test'"):
+        measure_pair(a, b, prompts=4, split="test")

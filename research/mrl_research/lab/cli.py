@@ -197,7 +197,10 @@ def pair(parser):
     from mrl_trainer.cli import add_overrides
     parser.add_argument("config_a", help="YAML trainer config of one policy")
     parser.add_argument("config_b", help="YAML trainer config of the other (the same task)")
-    parser.add_argument("--prompts", type=int, default=64, help="the first P training prompts (default %(default)s)")
+    parser.add_argument("--prompts", type=int, default=64, help="the first P prompts of the split (default %(default)s)")
+    parser.add_argument("--split", choices=["train", "eval"], default="train",
+                        help="train: the prompts the runs train on (what SGT can rescue); eval: held-out ones (what "
+                             "each policy can do, not only answers it fitted) (default %(default)s)")
     add_overrides(parser, "a config field of both policies")
     parser.add_argument("--set-a", dest="overrides_a", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field of the first policy only (after --set)")
@@ -211,7 +214,7 @@ def pair(parser):
 
         from mrl_research.lab.pair import measure_pair
         from mrl_trainer.app import parse_overrides
-        result = measure_pair(args.config_a, args.config_b, prompts=args.prompts,
+        result = measure_pair(args.config_a, args.config_b, prompts=args.prompts, split=args.split,
                               overrides=parse_overrides(args.overrides),
                               overrides_a=parse_overrides(args.overrides_a),
                               overrides_b=parse_overrides(args.overrides_b))
@@ -226,7 +229,7 @@ def pair(parser):
                 print(f"{indent}{name.replace('_', ' ')}: both {o['both']} (chance {o['chance']:.1f}), only "
                       f"{figures['a']['policy']} {o['only_a']}, only {figures['b']['policy']} {o['only_b']}",
                       flush=True)
-        print(f"{result['task']}, the first {result['prompts']} training prompts", flush=True)
+        print(f"{result['task']}, the first {result['prompts']} {args.split} prompts", flush=True)
         show(result, "  ")
         for part, figures in result.get("per_part", {}).items():
             print(f"  {part} ({figures['prompts']} prompts)", flush=True)

@@ -3,7 +3,8 @@
 Mutual RL can only pay where the policies differ: SGT learns from a peer's verified success on a prompt whose own
 group all failed, and the other modes reuse a peer's rollouts where they carry a signal the policy's own lack. For
 two trainer configs on the same task (so the same prompt ids), on its first P training prompts x (the prompts the
-runs' first steps see), each policy X as its run would start (checkpoint, else warm start; mrl_research.lab.
+runs' first steps see; with split "eval", its first P held-out ones, which tell a skill from answers a warm start
+fitted on a small training split), each policy X as its run would start (checkpoint, else warm start:
 grpo_signal.probe_trainer) gives
 
     greedy solve set    S_X = {x : X's greedy response (its max_new_tokens) is verified}
@@ -17,11 +18,14 @@ and, for the pair,
     rescue share        r(A←B) = |F_A ∩ T_B| / |F_A|: of A's all-fail groups, the share where B succeeds at least
                         once, the prompts SGT can rescue for A (and r(B←A) the other way)
 
-On a mixture (mrl.tasks.mixture) the same figures are given per part ("per_part"). An overlap above chance means the two find the same prompts easy (little to give); a rescue share near 0 means SGT
-has nothing to teach. Nothing is trained, published or checkpointed.
+On a mixture (mrl.tasks.mixture) the same figures are given per part ("per_part"). An overlap above chance means
+the two find the same prompts easy (little to give); a rescue share near 0 means SGT has nothing to teach. Nothing is
+trained, published or checkpointed.
 """
 import tempfile
 
+from mrl.tasks import Split
+from mrl.tasks.base import check_split
 from mrl_research.lab.grpo_signal import probe_trainer
 from mrl_trainer.config import load_config
 from mrl_trainer.errors import TrainerError
@@ -29,14 +33,14 @@ from mrl_trainer.errors import TrainerError
 __all__ = ["solve_sets", "compare_sets", "measure_pair"]
 
 
-def solve_sets(config_path: str, overrides: dict | None, prompts: int) -> dict:
-    """One policy on the first `prompts` training prompts: {policy, task, greedy: {prompt_id: 0|1},
+def solve_sets(config_path: str, overrides: dict | None, prompts: int, split: Split = "train") -> dict:
+    """One policy on the first `prompts` prompts of the split: {policy, task, greedy: {prompt_id: 0|1},
     sampled: {prompt_id: successes of G}, parts: {prompt_id: a mixture's part or None}, group_size, temperature,
     max_new_tokens}."""
     with tempfile.TemporaryDirectory(prefix="mrl-pair-") as scratch:
         config, trainer = probe_trainer(config_path, overrides, scratch)
         try:
-            problems = trainer.task.batch(0, prompts)
+            problems = trainer.task.batch(0, prompts, split)
             rollout = config.rollout
             # model_copy skips validation: temperature 0 is the engine's greedy decoding, as in evaluation
             trainer.cfg = config.model_copy(update={"rollout": rollout.model_copy(
@@ -85,19 +89,21 @@ def compare_sets(a: dict, b: dict) -> dict:
     return result
 
 
-def measure_pair(config_a: str, config_b: str, *, prompts: int, overrides: dict | None = None,
+def measure_pair(config_a: str, config_b: str, *, prompts: int, split: Split = "train", overrides: dict | None = None,
                  overrides_a: dict | None = None, overrides_b: dict | None = None) -> dict:
     """Both policies' solve sets (`overrides` for both, then each one's own) and the pair's figures; the per-prompt
     sets are kept under "per_prompt" as {prompt_id: [greedy_a, successes_a, greedy_b, successes_b]}."""
     if prompts < 1:
         raise TrainerError(f"--prompts {prompts}: give at least one prompt")
+    check_split(split)
     settings = [{**(overrides or {}), **(mine or {})} for mine in (overrides_a, overrides_b)]
     tasks = [load_config(path, s).task for path, s in zip((config_a, config_b), settings)]
     if tasks[0] != tasks[1]:      # before any model is built
         raise TrainerError(f"the two policies do not see the same prompts ({tasks[0].model_dump(exclude_none=True)} "
                            f"against {tasks[1].model_dump(exclude_none=True)}): give both the same task")
-    a, b = (solve_sets(path, s, prompts) for path, s in zip((config_a, config_b), settings))
+    a, b = (solve_sets(path, s, prompts, split) for path, s in zip((config_a, config_b), settings))
     result = compare_sets(a, b)
+    result["split"] = split
     result["settings"] = {x["policy"]: {k: x[k] for k in ("group_size", "temperature", "max_new_tokens")}
                           for x in (a, b)}
     result["per_prompt"] = {i: [a["greedy"][i], a["sampled"][i], b["greedy"][i], b["sampled"][i]]
