@@ -55,7 +55,7 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 def run(config_path: str, overrides: dict | None = None) -> dict:
     from mrl_trainer import distributed
-    from mrl_trainer.trainer import build_trainer
+    from mrl_trainer.trainer import build_trainer, lease_size
     config = load_config(config_path, overrides)
     ranks = distributed.setup() if distributed.under_torchrun() else distributed.Ranks()
     rank = f" rank {ranks.rank}/{ranks.world}" if ranks.sharded else ""
@@ -65,6 +65,7 @@ def run(config_path: str, overrides: dict | None = None) -> dict:
     with contextlib.ExitStack() as stack:
         if ranks.sharded:
             stack.push(lambda failed, *_: distributed.teardown(wait=failed is None))
+        lease_size(config, ranks)           # a config the trainer refuses fails before any connection is made
         exchange = None
         if config.exchange and ranks.main:
             from mrl.exchange_client import Backoff, ExchangeClient

@@ -62,7 +62,7 @@ from mrl_trainer.sharing import PeerBatch, Plan, SharingMode, make_sharing
 from mrl.tasks import Problem, make_task
 from mrl_trainer.tracking import open_trackers
 
-__all__ = ["Trainer", "build_trainer", "prepare_warm_start"]
+__all__ = ["Trainer", "build_trainer", "prepare_warm_start", "lease_size"]
 
 log = logging.getLogger("mrl.trainer")
 
@@ -155,6 +155,20 @@ def _seeded_policy(config: TrainerConfig, device: torch.device):
     return load_policy(config.model, device, seed=config.seed if fixed is None else fixed)
 
 
+def lease_size(config: TrainerConfig, ranks: Ranks) -> int:
+    """Devices per scheduler lease (0 without a scheduler): one per rank under torchrun, else scheduler.devices;
+    TrainerError when scheduler.device_ids does not name exactly that many (checked before any connection is made)."""
+    s = config.scheduler
+    if s is None:
+        return 0
+    size = ranks.world if ranks.sharded else s.devices
+    if s.device_ids is not None and len(s.device_ids) != size:
+        each = (f"the run has {size} rank(s) under torchrun: list each rank's device, in rank order"
+                if ranks.sharded else f"scheduler.devices is {size}: list one id per device of a lease")
+        raise TrainerError(f"scheduler.device_ids lists {len(s.device_ids)} device(s) but {each}")
+    return size
+
+
 def prepare_warm_start(config: TrainerConfig, should_stop=lambda: False) -> str:
     """Do what build_trainer would do first, the warm start into the cache, and nothing else, so that a launcher
     can warm-start every policy before any of them takes its first RL step. Returns "none" (no warm start set),
@@ -214,7 +228,7 @@ class Trainer:
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.reference = reference
         self.ranks = ranks
-        self._lease_size = self._check_lease_size()
+        self._lease_size = lease_size(config, ranks)
         try:
             self.engine = make_engine(config.rollout.engine, model, tokenizer, config.rollout.max_batch,
                                       synced=ranks.sharded)
@@ -242,19 +256,6 @@ class Trainer:
         # prompts own samples solved (peer guidance prefers others) and the sharing mode's state, as checkpointed
         self._solved: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(self.state.solved)
         self.sharing.restore(self.state.sharing)
-
-    def _check_lease_size(self) -> int:
-        """Devices per scheduler lease: one per rank under torchrun, else scheduler.devices; TrainerError when
-        scheduler.device_ids does not name exactly that many."""
-        s = self.cfg.scheduler
-        if s is None:
-            return 0
-        size = self.ranks.world if self.ranks.sharded else s.devices
-        if s.device_ids is not None and len(s.device_ids) != size:
-            each = (f"the run has {size} rank(s) under torchrun: list each rank's device, in rank order"
-                    if self.ranks.sharded else f"scheduler.devices is {size}: list one id per device of a lease")
-            raise TrainerError(f"scheduler.device_ids lists {len(s.device_ids)} device(s) but {each}")
-        return size
 
     @contextlib.contextmanager
     def _lease(self, phase: str):
