@@ -76,12 +76,12 @@ def compare_sets(a: dict, b: dict) -> dict:
         return ({i for i in ids if x["greedy"][i]}, {i for i in ids if x["sampled"][i] > 0})
     (sa, ta), (sb, tb) = sets(a), sets(b)
 
-    def side(x, t, other_t):
+    def side(x, s, t, other_t):
         fail = set(ids) - t
-        return {"policy": x["policy"], "greedy": len({i for i in ids if x["greedy"][i]}) / n,
+        return {"policy": x["policy"], "greedy": len(s) / n,
                 "sampled": sum(x["sampled"].values()) / (n * x["group_size"]), "all_fail": len(fail),
                 "rescuable": len(fail & other_t), "rescue_share": len(fail & other_t) / len(fail) if fail else None}
-    result = {"task": a["task"], "prompts": n, "a": side(a, ta, tb), "b": side(b, tb, ta),
+    result = {"task": a["task"], "prompts": n, "a": side(a, sa, ta, tb), "b": side(b, sb, tb, ta),
               "greedy_overlap": _overlap(sa, sb, n), "solved_overlap": _overlap(ta, tb, n)}
     parts = dict.fromkeys(part for part in a.get("parts", {}).values() if part)
     if len(parts) > 1:          # a mixture: the same figures on each part's prompts
