@@ -14,15 +14,15 @@ MRL_TOKENIZER_CACHE ?= $(HOME)/.cache/mrl/tokenizers
 export MRL_TOKENIZER_CACHE
 TOKENIZERS_STAMP := $(MRL_TOKENIZER_CACHE)/.fetched-stamp
 
-.PHONY: install tokenizers test demo proto docs bench up clean
+.PHONY: install tokenizers test compose-test demo proto docs bench up clean
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt sdk/pyproject.toml $(wildcard services/*/pyproject.toml) launcher/pyproject.toml research/pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt services/trainer/requirements.txt sdk/pyproject.toml $(wildcard services/*/pyproject.toml) launcher/pyproject.toml research/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -r services/trainer/requirements.txt
 	$(BIN)/python -m pip install --quiet -e sdk -e services/serving -e services/exchange -e services/tokenizer_align -e services/scheduler -e services/trainer -e launcher -e research
 	touch $@
 
@@ -34,6 +34,12 @@ $(TOKENIZERS_STAMP): scripts/fetch_tokenizers.py $(STAMP)
 
 test: install tokenizers
 	$(BIN)/python -m pytest
+
+# `docker compose up` for real (tests/e2e/test_compose_up.py): needs a Docker engine and Compose v2, skipped
+# with the reason printed without them; not part of `make test`. A CPU host passes TORCH_INDEX_URL (the
+# build argument of docs/deployment.md), e.g. make compose-test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+compose-test: install
+	$(BIN)/python -m pytest -m compose -rs -p no:cacheprovider tests/e2e/test_compose_up.py
 
 demo: install tokenizers
 	$(BIN)/mrl demo examples/mutual.yaml
