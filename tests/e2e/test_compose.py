@@ -1,6 +1,7 @@
 """docker-compose.yml and the services' Dockerfiles, checked statically (no Docker engine needed):
 the topology, Redis persistence, build contexts, commands the `mrl` CLI knows,
-ports, Redis URLs and the auth file the servers need to bind beyond loopback."""
+ports, Redis URLs and the auth file the servers need to bind beyond loopback, health checks, the
+trainers' volumes, run id and log lines, and the torch build. tests/e2e/test_compose_up.py runs it."""
 import json
 import pathlib
 import re
@@ -24,6 +25,11 @@ MRL_SERVICES = sorted(name for name in SERVICES if name != "redis")
 REDIS_USERS = {"exchange", "scheduler"}
 
 
+def _interpolated(value: str) -> str:
+    """`value` with compose's ${VAR:-default} replaced by its default (the environment's VAR unset)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
 def _dockerfile(name: str) -> pathlib.Path:
     build = SERVICES[name]["build"]
     return ROOT / build["context"] / build["dockerfile"]
@@ -43,6 +49,16 @@ def _instructions(path: pathlib.Path) -> list[tuple[str, str]]:
             word, _, rest = line.partition(" ")
             out.append((word.upper(), rest.strip()))
     return out
+
+
+def _stages(path: pathlib.Path) -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage of a Dockerfile, in order (each starts with its FROM)."""
+    stages: list[list[tuple[str, str]]] = []
+    for word, args in _instructions(path):
+        if word == "FROM":
+            stages.append([])
+        stages[-1].append((word, args))
+    return stages
 
 
 def _cmd(path: pathlib.Path) -> list[str]:
@@ -124,7 +140,7 @@ def test_dockerfile_cmd_matches_compose(name):
 
 @pytest.mark.parametrize("name", BUILT)
 def test_dockerfile_installs_pinned_requirements_then_packages(name):
-    steps = _instructions(_dockerfile(name))
+    steps = _stages(_dockerfile(name))[-1]          # the image's own stage
     assert steps[0] == ("FROM", "python:3.11-slim")
     runs = [args for word, args in steps if word == "RUN"]
     requirements = next(i for i, r in enumerate(runs) if "-r requirements.txt" in r)
@@ -146,6 +162,41 @@ def test_trainer_installs_pinned_torch_first():
     makefile = (ROOT / "Makefile").read_text()
     pinned = re.search(r"^TORCH_VERSION\s*:?=\s*(\S+)", makefile, re.M).group(1)
     assert f"torch=={pinned}" in runs[torch].split(), "the image and the Makefile must pin the same torch"
+    # the trainer's own pins (accelerate: GGUF loading) need torch: after it, and in the Makefile's venv too
+    own = next(i for i, r in enumerate(runs) if "-r services/trainer/requirements.txt" in r)
+    assert torch < own and "-r services/trainer/requirements.txt" in makefile
+
+
+@pytest.mark.parametrize("dockerfile", ["services/trainer/Dockerfile", "services/tokenizer_align/Dockerfile"])
+def test_torch_build_is_chosen_by_a_build_argument(dockerfile):
+    """Every torch install takes pip's index from TORCH_INDEX_URL (default PyPI: the CUDA build), so a CPU host
+    builds with --build-arg TORCH_INDEX_URL=<PyTorch's CPU index>."""
+    installs = 0
+    for stage in _stages(ROOT / dockerfile):
+        args = {a.split("=", 1)[0]: a.split("=", 1)[1] for word, a in stage if word == "ARG" and "=" in a}
+        for word, run in stage:
+            if word == "RUN" and "torch==" in run:
+                installs += 1
+                assert '--index-url "$TORCH_INDEX_URL"' in run, run
+                assert args.get("TORCH_INDEX_URL") == "https://pypi.org/simple"
+    assert installs == 1
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_a_stage_that_fetches_tokenizers_has_torch(name):
+    """scripts/fetch_tokenizers.py converts GGUF tokenizers through transformers' GGUF reader, which imports torch."""
+    for stage in _stages(_dockerfile(name)):
+        runs = [args for word, args in stage if word == "RUN"]
+        fetch = [i for i, r in enumerate(runs) if "fetch_tokenizers.py" in r]
+        if fetch:
+            torch = [i for i, r in enumerate(runs) if "torch==" in r]
+            assert torch and torch[0] < fetch[0], f"{name}: a stage fetches the tokenizers without torch"
+
+
+def test_tokenizer_align_image_has_no_torch():
+    final = _stages(_dockerfile("tokenizer_align"))[-1]
+    assert not [r for word, r in final if word == "RUN" and "torch" in r]
+    assert ("COPY", "--from=tokenizers /opt/mrl/tokenizers /opt/mrl/tokenizers") in final
 
 
 @pytest.mark.parametrize("name", BUILT)
@@ -238,11 +289,7 @@ def test_trainer_config_comes_from_read_only_examples(name):
 def test_trainer_configs_validate_and_point_at_the_compose_services(name):
     """The mounted config, with the compose command's --set overrides, is a valid trainer config whose
     exchange, THL and scheduler addresses are compose service names."""
-    from mrl_trainer.app import parse_overrides
-    from mrl_trainer.config import load_config
-    command = SERVICES[name]["command"]
-    config = load_config(ROOT / "examples" / pathlib.Path(command[3]).name,
-                         parse_overrides(command[5::2]))
+    config = _trainer_config(name)
     targets = [config.exchange.target, config.sharing.align.target, config.scheduler.target]
     assert [t.split(":")[0] for t in targets] == ["exchange", "tokenizer_align", "scheduler"]
     assert config.sharing.mode != "none" and config.sharing.peers
@@ -260,11 +307,61 @@ def test_example_trainer_configs_hold_no_token_or_compose_address_and_compose_gi
     text = path.read_text()
     assert "token:" not in text and not re.search(r"\b(exchange|tokenizer_align|scheduler):5005\d", text)
     monkeypatch.setenv("MRL_TOKEN", _env(name)["MRL_TOKEN"])
-    config = load_config(path, parse_overrides(command[5::2]))
+    config = load_config(path, parse_overrides([_interpolated(v) for v in command[5::2]]))
     auth = Authenticator.from_file(_mounted_host_path("exchange", _env("exchange")["MRL_AUTH_FILE"])[0])
     for key in ("exchange.token", "sharing.align.token", "scheduler.token"):
         assert config.source(key) == "MRL_TOKEN"
     assert auth.authenticate(f"Bearer {config.exchange.token}").policy == config.policy
+
+
+@pytest.mark.parametrize("name", [n for n in MRL_SERVICES if not n.startswith("trainer-")])
+def test_every_service_has_a_health_check_the_trainers_wait_for(name):
+    check = " ".join(SERVICES[name]["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{_env(name)['MRL_ADMIN_PORT']}/readyz" in check
+    for trainer in ("trainer-a", "trainer-b"):
+        assert SERVICES[trainer]["depends_on"][name]["condition"] == "service_healthy"
+
+
+def _trainer_config(name: str):
+    from mrl_trainer.app import parse_overrides
+    from mrl_trainer.config import load_config
+    command = SERVICES[name]["command"]
+    return load_config(ROOT / "examples" / pathlib.Path(command[3]).name,
+                       parse_overrides([_interpolated(v) for v in command[5::2]]))
+
+
+@pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
+def test_trainer_logs_one_line_per_step(name):
+    """A progress bar writes carriage returns only, which `docker compose logs` never shows as lines."""
+    assert _trainer_config(name).metrics.progress is False
+
+
+@pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
+def test_trainer_state_lives_in_named_volumes(name):
+    """Checkpoints, metrics and outbox (under checkpoint.dir) and the model cache (converted GGUFs, warm starts)
+    survive `docker compose down`: each under a named volume, checkpoint.dir per run id."""
+    config = _trainer_config(name)
+    volumes = {target: source for source, target, _ in _binds(name) if source in (COMPOSE.get("volumes") or {})}
+    home = "/home/mrl"      # the image's user (services/trainer/Dockerfile)
+    for path in (config.checkpoint.dir, f"{home}/.cache/mrl/models"):
+        assert any(path.startswith(target.rstrip("/") + "/") or path == target for target in volumes), (
+            f"{name}: {path} is not on a named volume ({volumes})")
+    assert config.metrics.jsonl is None, "metrics.jsonl defaults to <checkpoint.dir>/metrics.jsonl"
+    assert config.run_id == "compose" and f"/{config.run_id}/" in config.checkpoint.dir + "/"
+    command = " ".join(SERVICES[name]["command"])
+    assert "run_id=${MRL_RUN_ID:-compose}" in command and "${MRL_RUN_ID:-compose}/" in command
+    assert re.search(r"install -d -o mrl -g mrl [^&]*/home/mrl/\.mrl", (ROOT / "services/trainer/Dockerfile").read_text())
+
+
+def test_compose_runs_the_pair_of_the_demo():
+    """The trainers of examples/mutual.yaml (config, sharing mode, coupling) are the compose trainers."""
+    demo = yaml.safe_load((ROOT / "examples/mutual.yaml").read_text())
+    pair = sorted((t["config"], t["set"]["sharing.mode"], t["set"]["sharing.coupling"]) for t in demo["trainers"])
+    compose = []
+    for name in ("trainer-a", "trainer-b"):
+        config = _trainer_config(name)
+        compose.append((pathlib.Path(SERVICES[name]["command"][3]).name, config.sharing.mode, config.sharing.coupling))
+    assert sorted(compose) == pair
 
 
 def test_depends_on_names_services():
