@@ -332,8 +332,10 @@ def _trainer_config(name: str):
 
 @pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
 def test_trainer_logs_one_line_per_step(name):
-    """A progress bar writes carriage returns only, which `docker compose logs` never shows as lines."""
+    """A progress bar writes carriage returns only, which `docker compose logs` never shows as lines: neither the
+    trainer's nor transformers' (tqdm's own switch turns those off)."""
     assert _trainer_config(name).metrics.progress is False
+    assert _env(name).get("TQDM_DISABLE") == "1"
 
 
 @pytest.mark.parametrize("name", ["trainer-a", "trainer-b"])
