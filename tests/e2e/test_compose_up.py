@@ -50,8 +50,8 @@ def _skip_reason() -> str | None:
     info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
     if info.returncode:
         return f"no Docker engine answers `docker info`: {info.stderr.strip()[:300]}"
-    version = subprocess.run(["docker", "compose", "version", "--short"], capture_output=True, text=True)
-    if version.returncode or not version.stdout.strip().startswith(("2.", "v2.")):
+    version = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+    if version.returncode or not re.search(r"version v?2\.", version.stdout):
         return f"Compose v2 (`docker compose`) is missing: {(version.stderr or version.stdout).strip()[:300]}"
     return None
 
