@@ -23,6 +23,9 @@ problems both resampled; 95%, percentile):
                                 interval; late_finals each seed's
     delta_baseline_late, _ci,   the paired difference of L to the baseline's, and its two intervals as above;
     delta_baseline_late_seeds_ci   only when both late windows are at the same steps
+    gain, gain_ci, gain_seeds_ci   mean of X_K[s, q] − X_0[s, q], the last eval against the first (step 0: where
+                                the policy started), with the same two intervals: whether the mode learned at all
+                                (for solo, the gate a comparison needs before it can show sharing helping)
     curve                       per eval point: rollouts consumed (mean over seeds), mean, lo, hi
     target_accuracy             the baseline's final_accuracy
     rollouts_to_baseline        the rollouts of the mode's first curve point whose mean >= target (within
@@ -191,12 +194,11 @@ def _late(steps: list[int], mats: list[np.ndarray]) -> tuple[list[int], np.ndarr
     return [steps[k] for k in late], np.mean([mats[k] for k in late], axis=0)
 
 
-def _paired(diff: np.ndarray, suffix: str) -> dict:
-    """A paired difference matrix's mean, its crossed-bootstrap interval and the t-interval over seeds."""
+def _paired(diff: np.ndarray, key: str) -> dict:
+    """A paired difference matrix's mean (`key`), its crossed-bootstrap interval and the t-interval over seeds."""
     d, dlo, dhi = crossed_bootstrap(diff)
     _, tlo, thi = mean_ci([float(row.mean()) for row in diff])
-    return {f"delta_baseline{suffix}": d, f"delta_baseline{suffix}_ci": [dlo, dhi],
-            f"delta_baseline{suffix}_seeds_ci": [tlo, thi]}
+    return {key: d, f"{key}_ci": [dlo, dhi], f"{key}_seeds_ci": [tlo, thi]}
 
 
 def _entry(by_seed: list[PolicyRun], steps: list[int], mats: list[np.ndarray],
@@ -215,14 +217,15 @@ def _entry(by_seed: list[PolicyRun], steps: list[int], mats: list[np.ndarray],
              "late_steps": late_steps, "late_accuracy": late_mean, "late_ci": [late_lo, late_hi],
              "late_finals": [float(row.mean()) for row in late],
              "curve": {"rollouts": rollouts, "mean": [b[0] for b in band], "lo": [b[1] for b in band],
-                       "hi": [b[2] for b in band]}}
+                       "hi": [b[2] for b in band]},
+             **_paired(mats[-1] - mats[0], "gain")}
     if base is not None:     # paired: the same seeds (rows) and problems (columns), _matrices checked
         base_steps, base_mats = base
         if steps[-1] == base_steps[-1]:
-            entry.update(_paired(mats[-1] - base_mats[-1], ""))
+            entry.update(_paired(mats[-1] - base_mats[-1], "delta_baseline"))
         base_late_steps, base_late = _late(base_steps, base_mats)
         if late_steps == base_late_steps:
-            entry.update(_paired(late - base_late, "_late"))
+            entry.update(_paired(late - base_late, "delta_baseline_late"))
     return entry
 
 

@@ -155,7 +155,7 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     header = ["policy", "mode", "steps", "rollouts consumed", "final accuracy [95%]", f"Δ vs {baseline} [95%]",
               "Δ [95% t, seeds only]", "late steps", "late accuracy [95%]", "late Δ [95%]", "late Δ [95% t]",
-              "rollouts to baseline", "ratio to baseline"]
+              "rollouts to baseline", "ratio to baseline", "gain from start [95%]", "gain [95% t]"]
     rows = [[policy, mode, s["steps"], s["rollouts_total"],
              _accuracy(s["final_accuracy"], s["final_ci"]),
              _interval(s.get("delta_baseline"), s.get("delta_baseline_ci")),
@@ -164,7 +164,8 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
              _accuracy(s["late_accuracy"], s["late_ci"]),
              _interval(s.get("delta_baseline_late"), s.get("delta_baseline_late_ci")),
              _interval(s.get("delta_baseline_late"), s.get("delta_baseline_late_seeds_ci")),
-             s["rollouts_to_baseline"], s["ratio_to_baseline"]]
+             s["rollouts_to_baseline"], s["ratio_to_baseline"],
+             _interval(s.get("gain"), s.get("gain_ci")), _interval(s.get("gain"), s.get("gain_seeds_ci"))]
             for policy, entry in result["policies"].items() for mode, s in entry.items()]
     figures = []
     for i, (policy, entry) in enumerate(result["policies"].items()):
@@ -183,7 +184,8 @@ def write_compare_page(result: dict, out_dir: str | Path) -> Path:
             "runs whose single evals swing; late steps: those evals), and late Δ its paired difference. "
             "rollouts to baseline = the rollouts at a mode's first eval point whose mean accuracy ≥ the "
             "baseline's final (— if never); "
-            "ratio = that over the baseline's own. <a href=\"compare.json\">compare.json</a></p>"
+            "ratio = that over the baseline's own. gain = the last eval's accuracy minus the first's (the start), "
+            "paired per seed and problem: whether the mode learned at all. <a href=\"compare.json\">compare.json</a></p>"
             + "<h2>Comparison</h2>" + _table(header, rows) + "".join(figures))
     index = out_dir / "index.html"
     index.write_text(_page(f"mrl sharing modes vs {baseline}", body), encoding="utf-8")

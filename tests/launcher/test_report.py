@@ -218,6 +218,24 @@ def test_compare_over_seeds_pairs_modes_by_seed_and_problem(tmp_path):
     assert none["curve"]["mean"][0] == pytest.approx(0.1) and none["curve"]["lo"][0] < 0.1 < none["curve"]["hi"][0]
 
 
+def test_compare_gain_is_each_modes_last_eval_against_its_own_start(tmp_path):
+    """gain: the last eval minus the first, paired per seed and problem: whether a mode learned at all. Solo goes
+    from 4 to 10, 12 and 14 of 40 in seeds 0, 1, 2 (gains 0.15, 0.2, 0.25: both intervals above 0); prp from 4 to 4,
+    4 and 6 (0, 0, +0.05: the t-interval over seeds reaches below 0)."""
+    seeds = {}
+    for s, (solo, prp) in enumerate([(10, 4), (12, 4), (14, 6)]):
+        d = tmp_path / f"s{s}"
+        seeds[f"s{s}"] = {"none": [_scored(d / "none.jsonl", "qwen", "none", [4, solo])],
+                          "prp": [_scored(d / "prp.jsonl", "qwen", "prp", [4, prp])]}
+    result = compare(seeds)["policies"]["qwen"]
+    none, prp = result["none"], result["prp"]
+    assert none["gain"] == pytest.approx(0.2) and prp["gain"] == pytest.approx(0.05 / 3)
+    assert 0 < none["gain_ci"][0] < 0.2 < none["gain_ci"][1] and none["gain_seeds_ci"][0] > 0
+    assert prp["gain_seeds_ci"][0] < 0 < prp["gain_seeds_ci"][1]
+    one = compare({"s0": {"none": [_scored(tmp_path / "one.jsonl", "qwen", "none", [4])]}})["policies"]["qwen"]
+    assert one["none"]["gain"] == 0.0                      # a single eval: no change from the start
+
+
 def test_compare_late_endpoint_averages_the_second_half_of_the_evals(tmp_path):
     """The pre-registered late endpoint: per seed and problem, the mean over the evals at steps ≥ half the last
     eval's step; its paired difference to the baseline averages out a last eval's swing. Solo swings from 16 to 8
@@ -281,10 +299,12 @@ def test_write_compare_report(tmp_path):
     assert "q&lt;w&gt;en" in page and "q<w>en" not in page and "llama" in page
     assert "<tr><td>q&lt;w&gt;en</td><td>prp</td><td>6</td><td>96</td><td>0.600 [0.600, 0.600]</td>" \
            "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>4, 6</td><td>0.550 [0.550, 0.550]</td>" \
-           "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>64</td><td>0.667</td></tr>" in page
+           "<td>+0.100 [+0.100, +0.100]</td><td>+0.100</td><td>64</td><td>0.667</td>" \
+           "<td>+0.400 [+0.400, +0.400]</td><td>+0.400</td></tr>" in page          # gain: 0.2 → 0.6
     assert "<td>sgt</td><td>6</td><td>96</td><td>0.450 [0.450, 0.450]</td><td>-0.050 [-0.050, -0.050]</td>" \
            "<td>-0.050</td><td>4, 6</td><td>0.450 [0.450, 0.450]</td><td>+0.000 [+0.000, +0.000]</td>" \
-           "<td>+0.000</td><td>—</td><td>—</td></tr>" in page     # late: the evals of steps 4 and 6
+           "<td>+0.000</td><td>—</td><td>—</td><td>+0.250 [+0.250, +0.250]</td><td>+0.250</td></tr>" in page
+    # late: the evals of steps 4 and 6
     assert "<td>llama</td><td>sgt</td><td>8</td><td>128</td><td>0.300 [0.300, 0.300]</td><td>—</td>" in page
 
 
