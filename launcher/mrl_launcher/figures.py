@@ -4,23 +4,28 @@ browser by the live page (uPlot, mrl_launcher.live), both from the same series (
     Panel, Figure               a figure's declaration: which records' field, against what, summed or smoothed
     run_figures()               the figures of a run, in report order: curves, flow, the panels the sharing modes
                                 declare (PANELS: thl, ratios, sgt, exchange, coordination, guard), budget
-    figure_series(fig, runs, flow)   per panel that has data, {line label: (xs, ys)}: one line per policy, or for
-                                the flow panels one per series of the exchange's snapshots (mrl_launcher.live)
+    figure_series(fig, runs, flow, reference)   per panel that has data, {line label: (xs, ys)}: one line per
+                                policy, or for the flow panels one per series of the exchange's snapshots
+                                (mrl_launcher.live); with a solo reference, its lines join the held-out accuracy
+    read_reference(path)        a comparison's solo arm (compare.json) as each policy's reference curve
     draw(fig, series, out)      one PNG, a subplot per panel
     plot_curves(paths, out)     `mrl trainer plot`: the curves figure of metrics files
     figure_stats(figure)        the statistics a panels figure draws, as the sharing modes declare them
     compare_plot(policy, ...)   one policy's held-out accuracy against rollouts, one line per sharing mode
 """
 import dataclasses
+import json
 import math
 import pathlib
 from typing import Literal
 
 from mrl_launcher.analysis import PolicyRun, as_run, num, read_policy_records
+from mrl_launcher.errors import LauncherError
 from mrl_trainer.sharing import STAT_SOURCES, stat_labels
 
 __all__ = ["Panel", "Figure", "PANELS", "CURVES", "BUDGET", "FLOW", "run_figures", "figure_series", "draw",
-           "plot_curves", "figure_stats", "stat_title", "compare_plot", "LABELS", "CUMULATIVE", "X_LABELS"]
+           "plot_curves", "figure_stats", "stat_title", "compare_plot", "read_reference", "Reference", "LABELS",
+           "CUMULATIVE", "X_LABELS", "REFERENCE"]
 
 Path = pathlib.Path
 
@@ -95,6 +100,40 @@ def run_figures() -> tuple[Figure, ...]:
     return (CURVES, FLOW, *declared, BUDGET)
 
 
+REFERENCE = "solo, comparison"     # in the label of a reference line (drawn dashed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """Each policy's held-out accuracy under solo GRPO in an earlier comparison: not a run of this topology."""
+    path: str
+    seeds: int
+    curves: dict[str, tuple[list, list]]     # policy → (rollouts consumed, mean accuracy over the seeds)
+
+    def lines(self) -> dict[str, tuple[list, list]]:
+        return {f"{policy} ({REFERENCE}, {self.seeds} seeds)": xy for policy, xy in self.curves.items()}
+
+    def final(self, policy: str) -> float | None:
+        curve = self.curves.get(policy)
+        return curve[1][-1] if curve else None
+
+
+def read_reference(path: str | Path, mode: str = "none") -> Reference:
+    """The `mode` arm (default solo GRPO) of a comparison's compare.json (`mrl experiment compare`): each policy's
+    mean held-out accuracy curve against its rollouts. LauncherError, naming the file, if it is not one."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+        curves = {policy: (list(entry[mode]["curve"]["rollouts"]), list(entry[mode]["curve"]["mean"]))
+                  for policy, entry in result["policies"].items() if mode in entry}
+        seeds = len(result["seeds"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LauncherError(f"solo reference {str(path)!r} is not a readable compare.json of `mrl experiment "
+                            f"compare` ({type(exc).__name__}: {exc})") from None
+    if not curves:
+        raise LauncherError(f"solo reference {str(path)!r} has no {mode!r} arm for any policy")
+    return Reference(str(path), seeds, curves)
+
+
 def _shape(values: list[float], panel: Panel) -> list[float]:
     if panel.cumulative:
         values = [sum(values[:i + 1]) for i in range(len(values))]
@@ -122,11 +161,15 @@ def _flow_lines(panel: Panel, flow: list[dict]) -> dict[str, tuple[list, list]]:
     return lines
 
 
-def figure_series(figure: Figure, runs: list[PolicyRun], flow: list[dict] = ()) -> list[tuple[Panel, dict]]:
-    """(panel, {line label: (xs, ys)}) of each panel of `figure` that has data, in declaration order."""
+def figure_series(figure: Figure, runs: list[PolicyRun], flow: list[dict] = (),
+                  reference: Reference | None = None) -> list[tuple[Panel, dict]]:
+    """(panel, {line label: (xs, ys)}) of each panel of `figure` that has data, in declaration order; the
+    reference's lines join the held-out accuracy against rollouts."""
     drawn = []
     for panel in figure.panels:
         lines = _flow_lines(panel, list(flow)) if panel.source == "flow" else _run_lines(panel, runs)
+        if reference is not None and (panel.key, panel.x) == ("eval_accuracy", "rollouts_total"):
+            lines.update(reference.lines())
         if lines:
             drawn.append((panel, lines))
     return drawn
@@ -152,7 +195,8 @@ def draw(figure: Figure, series: list[tuple[Panel, dict]], out: Path) -> Path:
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols + 1, 3.6 * nrows), squeeze=False)
     for ax, (panel, lines) in zip(axes.flat, series):
         for label, (xs, ys) in lines.items():
-            ax.plot(xs, ys, marker="." if len(xs) <= 40 else None, label=_label(label))
+            ax.plot(xs, ys, marker="." if len(xs) <= 40 else None, label=_label(label),
+                    linestyle="--" if REFERENCE in label else "-")
         ax.set(xlabel=X_LABELS[panel.x], title=panel.title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -35,7 +35,7 @@ import urllib.request
 
 from mrl_launcher.analysis import PolicyRun, as_run, num
 from mrl_launcher.errors import LauncherError
-from mrl_launcher.figures import X_LABELS, figure_series, run_figures
+from mrl_launcher.figures import X_LABELS, Reference, figure_series, run_figures
 
 __all__ = ["RunFiles", "FlowRecorder", "live_page", "read_flow", "watch", "FLOW_FILE", "MAX_POINTS"]
 
@@ -72,8 +72,8 @@ def read_flow(run_dir: str | Path) -> list[dict]:
 class RunFiles:
     """A run folder's metrics files and snapshots, read as they grow; data() is the page's /data.json."""
 
-    def __init__(self, run_dir: str | Path, title: str):
-        self.run_dir, self.title = Path(run_dir), title
+    def __init__(self, run_dir: str | Path, title: str, reference: Reference | None = None):
+        self.run_dir, self.title, self.reference = Path(run_dir), title, reference
         self._tails: dict[Path, _Tail] = {}
         self._flow = _Tail(self.run_dir / FLOW_FILE)
         self._lock = threading.Lock()
@@ -94,7 +94,7 @@ class RunFiles:
             runs, flow = self.runs(), self._flow.read()
         figures = []
         for figure in run_figures():
-            series = figure_series(figure, runs, flow)
+            series = figure_series(figure, runs, flow, self.reference)
             if series:
                 figures.append({"name": figure.name, "heading": figure.heading, "text": figure.text,
                                 "panels": [{"key": panel.key, "title": panel.title, "xlabel": X_LABELS[panel.x],
@@ -148,10 +148,11 @@ def _handler(files: RunFiles):
 
 
 @contextlib.contextmanager
-def live_page(run_dir: str | Path, title: str, port: int = 0, host: str = "127.0.0.1"):
+def live_page(run_dir: str | Path, title: str, port: int = 0, host: str = "127.0.0.1",
+              reference: Reference | None = None):
     """Serve the live page of run_dir on host:port (0: any free port) while the block runs; yields its URL."""
     try:
-        server = http.server.ThreadingHTTPServer((host, port), _handler(RunFiles(run_dir, title)))
+        server = http.server.ThreadingHTTPServer((host, port), _handler(RunFiles(run_dir, title, reference)))
     except OSError as exc:
         raise LauncherError(f"the live page cannot listen on {host}:{port}: {exc}; choose another port "
                             "(live_port in the topology, --port of mrl watch), or 0 for any free one") from exc

@@ -17,6 +17,10 @@ sharing modes declare for the summary, peer samples used) and one PNG per figure
 The statistics of thl, ratios, sgt and exchange, their labels and the summary's columns are what the
 registered sharing modes (and the trainer's coordination with peers) declare: mrl_trainer.sharing.
 
+With a solo reference (figures.read_reference: the solo arm of an earlier comparison), curves.png draws each
+policy's reference curve dashed beside its own, and the summary gives the reference's final accuracy, labelled
+as the comparison's.
+
 `write_compare_report(seeds, out_dir)` writes compare.json (analysis.compare, over seeds) and index.html
 with one accuracy-vs-rollouts PNG per policy (per mode the mean curve with its 95% band, the target as a
 dashed line, a star where each mode reaches it) and the comparison table (final accuracy and the paired
@@ -28,7 +32,7 @@ import pathlib
 import re
 
 from mrl_launcher.analysis import PolicyRun, compare, load_run
-from mrl_launcher.figures import CUMULATIVE, compare_plot, draw, figure_series, run_figures
+from mrl_launcher.figures import CUMULATIVE, Reference, compare_plot, draw, figure_series, run_figures
 from mrl_trainer.sharing import STAT_SOURCES
 
 __all__ = ["write_report", "write_compare_report", "write_compare_page"]
@@ -70,8 +74,10 @@ def _over_steps(values: list[float], total: bool) -> float:
     return sum(values) if total else sum(values) / len(values)
 
 
-def _summary_rows(runs: list[PolicyRun]) -> tuple[list[str], list[list]]:
+def _summary_rows(runs: list[PolicyRun], reference: Reference | None) -> tuple[list[str], list[list]]:
     header = ["policy", "sharing", "steps", "rollouts consumed", "first eval accuracy", "final eval accuracy"]
+    if reference is not None:
+        header.append(f"solo reference, final ({reference.seeds} seeds of a comparison)")
     # the statistics the modes declare for the summary (the total over steps if cumulative, else the mean),
     # then the peer samples used in all (as budget.png); each only when some record has it
     columns = {key: (name, key in CUMULATIVE) for source in STAT_SOURCES for key, name in source.summary.items()}
@@ -82,6 +88,8 @@ def _summary_rows(runs: list[PolicyRun]) -> tuple[list[str], list[list]]:
     for run in runs:
         row = [run.policy, run.sharing, len(run.train), run.rollouts_total,
                float(run.evals[0]["eval_accuracy"]), float(run.evals[-1]["eval_accuracy"])]
+        if reference is not None:
+            row.append(reference.final(run.policy))
         row += [_over_steps(run.values(key), total) if run.has(key) else None
                 for key, (_, total) in columns.items()]
         rows.append(row)
@@ -89,24 +97,28 @@ def _summary_rows(runs: list[PolicyRun]) -> tuple[list[str], list[list]]:
 
 
 def write_report(metrics_paths: list[str | Path], out_dir: str | Path, title: str = "mrl run",
-                 flow: list[dict] = ()) -> Path:
+                 flow: list[dict] = (), reference: Reference | None = None) -> Path:
     """index.html and its PNGs in out_dir for one run (one metrics file per policy; `flow`: the exchange's
-    snapshots, live.read_flow); returns index.html's path."""
+    snapshots, live.read_flow; `reference`: a comparison's solo arm); returns index.html's path."""
     runs = list(load_run(list(metrics_paths), "report").values())
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = []
     for figure in run_figures():
         path = out_dir / f"{figure.name}.png"
-        series = figure_series(figure, runs, flow)
+        series = figure_series(figure, runs, flow, reference)
         if series:
             draw(figure, series, path)
             figures.append(_figure_html(path.name, figure.heading, figure.text))
         elif path.exists():
             path.unlink()  # a stale figure from an earlier report into the same folder
-    header, rows = _summary_rows(runs)
+    header, rows = _summary_rows(runs, reference)
     sources = "".join(f"<li>{html.escape(run.policy)}: <code>{html.escape(str(run.path))}</code></li>" for run in runs)
-    body = ("<h2>Summary</h2>" + _table(header, rows)
+    note = ("" if reference is None else
+            f"<p class=\"muted\">Solo reference: each policy alone (solo GRPO), the mean over {reference.seeds} seeds "
+            f"of the comparison <code>{html.escape(reference.path)}</code>, not a run of this topology; dashed in "
+            "curves.png.</p>")
+    body = ("<h2>Summary</h2>" + _table(header, rows) + note
             + f"<p class=\"muted\">metrics files:</p><ul class=\"muted\">{sources}</ul>"
             + "".join(figures))
     index = out_dir / "index.html"

@@ -19,6 +19,9 @@ A topology file (examples/local.yaml):
         ranks: 1             # optional: > 1 trains it under torchrun, sharded over that many devices
     report: report           # optional: an HTML report of the trainers' metrics, under data_dir
     live_port: 0             # the live page's port while the run runs (0, the default: any free port; null: none)
+    solo_reference: ../docs/compare-gemma-screening/compare.json   # optional, relative to this file: the solo
+                             # arm of an earlier comparison, drawn dashed beside each policy's held-out accuracy on
+                             # the live page and in the report (labelled as the comparison's, not this run's)
 
 Each service installed (entry points `mrl.services`) is a child process (`python -m mrl.cli ...
 serve`, mrl_serving.processes) that prints one JSON "ready" line with its ports; a service's
@@ -49,6 +52,7 @@ import psutil
 import yaml
 
 from mrl_launcher.errors import LauncherError, RunFailed
+from mrl_launcher.figures import Reference, read_reference
 from mrl_launcher.live import FlowRecorder, live_page, read_flow
 from mrl_serving.child_process import die_with_parent
 from mrl_serving.processes import redis_for, spawn
@@ -115,6 +119,11 @@ def _rest_scheme(settings: dict) -> str:
 def data_dir_of(config: dict, base: pathlib.Path) -> pathlib.Path:
     """A topology's data_dir (relative to its file's folder `base`), absolute."""
     return (base / config.get("data_dir", ".mrl/local")).resolve()
+
+
+def solo_reference(config: dict, base: pathlib.Path) -> Reference | None:
+    """The topology's `solo_reference` (relative to its folder), read; None without one."""
+    return read_reference(base / config["solo_reference"]) if config.get("solo_reference") else None
 
 
 def _entry(spec, base: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -204,10 +213,11 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
     trainers share `cpus` cores (default: all), each with cpus // trainers compute threads (at least one).
     """
     services = installed_services()    # started in the order of their default ports
-    valid = {"redis_url", "data_dir", "run_id", "trainers", "report", "live_port", *services}
+    valid = {"redis_url", "data_dir", "run_id", "trainers", "report", "live_port", "solo_reference", *services}
     if set(config) - valid:
         raise LauncherError(f"unknown topology keys {sorted(set(config) - valid)}; valid: {', '.join(sorted(valid))}")
     _refuse_repeated_policies(config.get("trainers") or [], base)
+    reference = solo_reference(config, base)
     data_dir = data_dir_of(config, base)
     results: dict = {}
     with contextlib.ExitStack() as stack:
@@ -228,7 +238,8 @@ def run_topology(config: dict, base: pathlib.Path, stop: threading.Event, overri
             stack.enter_context(FlowRecorder(f"{scheme}://127.0.0.1:{running['exchange'].ready['admin_port']}", run_id,
                                              data_dir, token=os.environ.get("MRL_TOKEN")))
         if config.get("live_port", 0) is not None:
-            url = stack.enter_context(live_page(data_dir, f"mrl run {run_id}", config.get("live_port", 0)))
+            url = stack.enter_context(live_page(data_dir, f"mrl run {run_id}", config.get("live_port", 0),
+                                                reference=reference))
             print(f"  live page        {url}  (afterwards: mrl watch {data_dir})", flush=True)
         trainers: dict = {}
         stack.callback(_stop_trainers, trainers, results)   # runs before the services and Redis stop
@@ -371,7 +382,8 @@ def up(config_path: str, overrides: dict | None = None) -> dict:
             out = write_report([r["metrics"] for r in results.values() if pathlib.Path(r["metrics"]).is_file()],
                                data_dir_of(config, path.parent) / config["report"],
                                title=f"mrl run {config.get('run_id', 'local')}",
-                               flow=read_flow(data_dir_of(config, path.parent)))
+                               flow=read_flow(data_dir_of(config, path.parent)),
+                               reference=solo_reference(config, path.parent))
             print(f"mrl up: report {out}", flush=True)
         except LauncherError as exc:
             print(f"mrl up: no report: {exc}", flush=True)

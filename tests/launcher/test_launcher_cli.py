@@ -191,6 +191,18 @@ def test_a_bad_trainers_entry_is_refused_before_anything_starts(tmp_path, entry,
         validate_trainers({"trainers": [entry]}, tmp_path)
 
 
+def test_a_solo_reference_that_is_not_a_comparison_is_refused_before_anything_starts(tmp_path):
+    """`solo_reference` names the compare.json whose solo arm the live page and report draw beside the run: a
+    missing one is a clear error, relative to the topology, before Redis or any service starts."""
+    config = tmp_path / "up.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": "d", "run_id": "r1", "solo_reference": "cmp/compare.json"}))
+    proc = subprocess.run([sys.executable, "-m", "mrl.cli", "up", str(config)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "mrl up: redis" not in proc.stdout
+    assert f"solo reference {str(tmp_path / 'cmp' / 'compare.json')!r} is not a readable compare.json" in proc.stderr
+    assert not (tmp_path / "d" / "redis").exists()
+
+
 @pytest.mark.parametrize("text, error", [
     ("a: [1\n", "not valid YAML"),
     ("- 1\n- 2\n", "expected a mapping of settings, got list"),

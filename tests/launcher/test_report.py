@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from mrl_launcher.analysis import compare
+from mrl_launcher.analysis import compare, load_run
 from mrl_launcher.errors import LauncherError
+from mrl_launcher.figures import CURVES, figure_series, read_reference
 from mrl_launcher.report import write_compare_page, write_compare_report, write_report
 
 G = 16  # rollouts per step
@@ -70,6 +71,31 @@ def test_write_report_files_summary_and_escaping(run, tmp_path):
     # mean 1:1 share 0.9 over the 5 steps that have it, 6 * 8 peer samples
     row = "<tr><td>qwen-0.5b</td><td>prp</td><td>6</td><td>96</td><td>0.200</td><td>0.500</td>"
     assert row + "<td>6</td><td>5</td><td>0.900</td><td>48</td></tr>" in page
+
+
+def test_a_solo_reference_joins_the_accuracy_curves_and_the_summary_labelled_as_a_comparisons(run, tmp_path):
+    """A topology's solo_reference: the `none` arm of an earlier comparison's compare.json, dashed beside each
+    policy's held-out accuracy (report and live page: one figure_series) and its final in the summary."""
+    runs = _runs(tmp_path)
+    runs["none"][0] = _metrics(tmp_path / "ref" / "none.jsonl", "qwen-0.5b", "none", [0.2, 0.25, 0.3, 0.35])
+    write_compare_report({"s0": runs}, tmp_path / "cmp")
+    reference = read_reference(tmp_path / "cmp" / "compare.json")
+    assert reference.seeds == 1 and reference.final("qwen-0.5b") == pytest.approx(0.35)
+    assert reference.final("llama<3>&co") is None and reference.curves["qwen-0.5b"][0] == [0, 32, 64, 96]
+    curves = figure_series(CURVES, list(load_run(run, "test").values()), reference=reference)
+    accuracy = dict(curves)[CURVES.panels[0]]
+    assert set(accuracy) >= {"qwen-0.5b", "qwen-0.5b (solo, comparison, 1 seeds)"}
+    assert dict(curves)[CURVES.panels[1]].keys() == {"qwen-0.5b", "llama<3>&co"}     # reward: runs only
+    page = write_report(run, tmp_path / "report", reference=reference).read_text()
+    assert "<th>solo reference, final (1 seeds of a comparison)</th>" in page and "<td>0.350</td>" in page
+    assert "not a run of this topology" in page and str(tmp_path / "cmp" / "compare.json") in page
+    (tmp_path / "bad.json").write_text("{}")
+    for path, match in ((tmp_path / "nothing.json", "is not a readable compare.json.*FileNotFoundError"),
+                        (tmp_path / "bad.json", "is not a readable compare.json.*KeyError")):
+        with pytest.raises(LauncherError, match=match):
+            read_reference(path)
+    with pytest.raises(LauncherError, match="has no 'hacpo' arm for any policy"):
+        read_reference(tmp_path / "cmp" / "compare.json", mode="hacpo")
 
 
 def test_absent_keys_omit_panels_and_columns(tmp_path):
