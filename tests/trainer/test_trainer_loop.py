@@ -572,3 +572,11 @@ def test_a_warm_start_on_its_own_task_and_seed_serves_every_run_seed(tmp_path, m
         warm_start(model, tokenizer, make_task(task), WarmStartConfig(steps=2, batch_size=4, cache=False),
                    system_prompt=None, seed=7, cache_key="k", device=torch.device("cpu"))
         assert all(torch.equal(cached[k], v) for k, v in model.state_dict().items()) == same
+    # a warm start on its own task does not depend on the RL task: another task seed (other prompts, other
+    # held-out problems) or another mixture loads the same entry; another warm-start task trains a new one
+    for task, outcome in (({**settings["task"], "seed": 3}, "cached"), (linear, "cached"),
+                          ({"family": "arithmetic", "level": 1}, "cached")):
+        config = tiny_config(tmp_path / "other", seed=1, **{**settings, "task": task})
+        assert prepare_warm_start(TrainerConfig.model_validate(config)) == outcome, task
+    other = {**settings, "warm_start": {**settings["warm_start"], "task": {"family": "linear", "level": 2}}}
+    assert prepare_warm_start(TrainerConfig.model_validate(tiny_config(tmp_path / "o2", seed=1, **other))) == "trained"

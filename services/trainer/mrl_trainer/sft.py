@@ -21,7 +21,7 @@ Caching (spec.cache): the weights are saved with safetensors in
     model_cache_dir() / f"sft-{cache_key}-{h}" / model.safetensors   (+ sft.json: spec, seed, losses, trained_with)
     h = sha256(SFT_VERSION, steps, lr, batch_size, task (when set), seed, system_prompt)[:12]
 
-where `cache_key` is the caller's hash of the model spec and the task spec. The folder is written
+where `cache_key` is the caller's hash of the model spec and the spec of the task it trains on. The folder is written
 in a temporary folder beside it and moved into place with os.replace, so a crash never leaves a
 partial entry under that name; a later call with the same key, spec, seed and system prompt loads
 it instead of training (stats["cached"] = True). With cache = False nothing is read or written.

@@ -187,10 +187,13 @@ def prepare_warm_start(config: TrainerConfig, should_stop=lambda: False) -> str:
 
 
 def _warm_start(config: TrainerConfig, model, tokenizer, task, device, should_stop) -> dict:
-    """The supervised warm start, cached by model, task and warm-start settings (sft.py); its stats. It trains on
-    warm_start.task when set (else the RL task `task`) with warm_start.seed when set (else the run's seed)."""
+    """The supervised warm start, cached by model, the task it trains on and warm-start settings (sft.py); its
+    stats. It trains on warm_start.task when set (else the RL task `task`) with warm_start.seed when set (else the
+    run's seed), so runs whose RL tasks differ (another task seed, another mixture) share a warm start on one
+    task."""
     spec = config.warm_start
-    key = hashlib.blake2b(f"{config.model.model_dump_json()}|{config.task.model_dump_json()}".encode(),
+    trained = spec.task or config.task
+    key = hashlib.blake2b(f"{config.model.model_dump_json()}|{trained.model_dump_json()}".encode(),
                           digest_size=8).hexdigest()
     stats = warm_start(model, tokenizer, make_task(spec.task) if spec.task else task, spec,
                        system_prompt=config.system_prompt, seed=config.seed if spec.seed is None else spec.seed,
