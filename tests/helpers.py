@@ -90,6 +90,25 @@ GPT2 = str(tokenizer_cache_dir() / "gpt2.tiktoken")
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256}
 
 
+def fresh_venv(folder: pathlib.Path, packages: list[str], first: list[str] = ()) -> pathlib.Path:
+    """A new virtualenv folder/venv: the pip requirements `first` (e.g. the pinned torch), then copies of the
+    repository's `packages` (folders relative to its root, extras allowed: "sdk[trl]"), copied so that no build
+    artefact of this checkout leaks in. Returns the venv's folder; a failed install names pip's error."""
+    sources = []
+    for spec in packages:
+        rel, bracket, extras = spec.partition("[")
+        dest = folder / "src" / rel
+        shutil.copytree(ROOT / rel, dest, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
+        sources.append(f"{dest}{bracket}{extras}")
+    venv = folder / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    for group in ([list(first)] if first else []) + [sources]:
+        proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", *group],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"pip install {' '.join(group)}: {proc.stderr[-3000:]}"
+    return venv
+
+
 def tiny_config(tmp_path: pathlib.Path, **overrides) -> dict:
     config = {
         "policy": "tiny", "run_id": "test", "seed": 3, "steps": 2,

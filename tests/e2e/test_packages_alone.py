@@ -5,16 +5,14 @@ which only TRL pulled into the development venv)."""
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
-import sys
 import urllib.request
 
 import pytest
 import yaml
 
-from helpers import ROOT
+from helpers import fresh_venv
 from mrl.assets import tokenizer_cache_dir
 
 TORCH = "torch==2.13.0"          # the Makefile's TORCH_VERSION (tests/e2e/test_compose.py keeps the image on it)
@@ -25,18 +23,7 @@ SERVICES = {"exchange": ["exchange", "serve"], "scheduler": ["scheduler", "serve
 
 def _venv(tmp_path, service: str, first: list[str] = ()) -> pathlib.Path:
     """A fresh venv with ./sdk, ./services/serving and ./services/<service> installed (after `first`)."""
-    sources = []
-    for rel in ("sdk", "services/serving", f"services/{service}"):
-        dest = tmp_path / "src" / rel
-        shutil.copytree(ROOT / rel, dest, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
-        sources.append(str(dest))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile"]
-    if first:
-        subprocess.run([*pip, *first], check=True, timeout=600)
-    subprocess.run([*pip, *sources], check=True, timeout=600)
-    return venv
+    return fresh_venv(tmp_path, ["sdk", "services/serving", f"services/{service}"], first)
 
 
 def _env(tmp_path) -> dict[str, str]:

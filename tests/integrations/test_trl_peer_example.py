@@ -4,13 +4,11 @@ its experience to it."""
 import ast
 import json
 import os
-import shutil
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, fresh_venv
 from mrl.exchange_client import ExchangeClient
 from mrl.experience import kind_name
 
@@ -21,15 +19,7 @@ PROJECT_PACKAGES = {"mrl-trainer", "mrl-research", "mrl-launcher", "mrl-serving"
 @pytest.fixture(scope="module")
 def lab_python(tmp_path_factory):
     """A fresh virtualenv holding torch 2.13.0 (the CPU build) and ./sdk[trl], nothing else of the project."""
-    folder = tmp_path_factory.mktemp("lab")
-    source = folder / "sdk"
-    shutil.copytree(ROOT / "sdk", source, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "venv", str(folder / "venv")], check=True)
-    python = str(folder / "venv" / "bin" / "python")
-    for requirement in ("torch==2.13.0", f"{source}[trl]"):
-        proc = subprocess.run([python, "-m", "pip", "install", "--quiet", requirement], capture_output=True,
-                              text=True, timeout=900)
-        assert proc.returncode == 0, f"pip install {requirement}: {proc.stderr[-3000:]}"
+    python = str(fresh_venv(tmp_path_factory.mktemp("lab"), ["sdk[trl]"], first=["torch==2.13.0"]) / "bin" / "python")
     listed = subprocess.run([python, "-m", "pip", "list", "--format", "json"], check=True, capture_output=True,
                             text=True).stdout
     installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed)}

