@@ -1,9 +1,10 @@
 """`mrl lab bandit`: the contextual-bandit testbed of the sharing modes (entry point "lab.bandit"); `mrl lab signal`:
 the GRPO signal of a policy's sampled groups (entry point "lab.signal"); `mrl lab pair`: what two policies can give
-each other on a task (entry point "lab.pair")."""
+each other on a task (entry point "lab.pair"); `mrl lab step`: what one update does to the answers it rewards
+(entry point "lab.step")."""
 from mrl_launcher.arguments import floats, ints
 
-__all__ = ["bandit", "signal", "pair"]
+__all__ = ["bandit", "signal", "pair", "step"]
 
 QUICK = dict(contexts=6, prompts_per_step=3, steps=6, eval_every=2, probes=3, probe_at=(0.0,))
 
@@ -237,4 +238,37 @@ def pair(parser):
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}), flush=True)
+    return run
+
+
+def step(parser):
+    """what one update does to the answers it rewards, at several step sizes (AdamW and plain gradient descent)"""
+    from mrl_trainer.cli import add_overrides
+    parser.add_argument("config", help="YAML trainer config, e.g. examples/pair-gemma3.yaml")
+    parser.add_argument("--rules", default="adamw:2e-6,adamw:2e-5,sgd:0.01,sgd:0.03,sgd:0.1",
+                        help="comma-separated update rules adamw:LR or sgd:LR, each one update from the same "
+                             "weights on the same batch (default %(default)s)")
+    parser.add_argument("--problems", type=int, default=64, help="tuning problems, training split, past every "
+                                                                 "prompt a run takes (default %(default)s)")
+    parser.add_argument("--search", type=int, default=16, help="look for a batch with a signal in the first N "
+                                                               "training steps (default %(default)s)")
+    add_overrides(parser, "a config field")
+    parser.add_argument("--out", help="also write the result to this JSON file")
+
+    def run(args) -> None:
+        import json
+        import pathlib
+
+        from mrl_research.lab.step import measure_step
+        from mrl_trainer.app import parse_overrides
+
+        def show(row: dict) -> None:
+            grad = "" if row["grad_norm"] is None else f", gradient norm {row['grad_norm']:.3f}"
+            print(f"  {row['rule']:>12}: p(rewarded answer) {row['p_rewarded']:.4f}, p(tuning answers) "
+                  f"{row['p_tuning']:.4f}, moved {row['moved']:.4f}{grad}", flush=True)
+        result = measure_step(args.config, [r for r in args.rules.split(",") if r], problems=args.problems,
+                              search=args.search, overrides=parse_overrides(args.overrides), on_row=show)
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result), flush=True)
     return run
