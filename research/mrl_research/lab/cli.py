@@ -264,7 +264,8 @@ def step(parser):
 
         def show(row: dict) -> None:
             grad = "" if row["grad_norm"] is None else f", gradient norm {row['grad_norm']:.3f}"
-            print(f"  {row['rule']:>12}: p(rewarded answer) {row['p_rewarded']:.4f}, p(tuning answers) "
+            print(f"  {row['rule']:>12}: p(verified samples) {row['p_rewarded']:.4f} (log {row['logp_rewarded']:.3f}), "
+                  f"p(tuning answers) "
                   f"{row['p_tuning']:.4f}, moved {row['moved']:.4f}{grad}", flush=True)
         result = measure_step(args.config, [r for r in args.rules.split(",") if r], problems=args.problems,
                               search=args.search, overrides=parse_overrides(args.overrides), on_row=show)

@@ -11,13 +11,15 @@ holding a verified and a failed sample), each rule r makes one update from the s
 
 and gives
 
-    p_rewarded(r) = mean over the batch's prompts with a verified sample of π(y*|x)
+    p_rewarded(r) = mean over the batch's verified samples y of π(y|x)   (and logp_rewarded(r), of log π(y|x):
+                    the scale on which a long response's change shows)
     p_tuning(r)   = mean over P tuning problems of π(y*|x)
     moved(r)      = ‖θ_r − θ_0‖₂
 
-where π(y*|x) = Π_t π(y*_t | x, y*_<t), at the rollout's temperature, is the probability that one sample is
-exactly the reference response y* ("Answer: <answer>" and EOS, mrl_trainer.sft.response_ids): for a policy that
-answers in that form (a warm-started one) a noise-free stand-in for its sampled accuracy. The tuning problems are
+where π(y|x) = Π_t π(y_t | x, y_<t), at the rollout's temperature, is the probability that one sample is exactly
+y, and y* is the reference response ("Answer: <answer>" and EOS, mrl_trainer.sft.response_ids): for a policy that
+answers in that form (a warm-started one) p_tuning is a noise-free stand-in for its sampled accuracy. The tuning
+problems are
 training-split problems from index TUNING_FROM on, past every prompt a run takes, and never held-out ones: a
 learning rate chosen here is not chosen on the evaluation. Nothing is published or checkpointed.
 """
@@ -52,8 +54,9 @@ def parse_rule(text: str) -> tuple[str, float]:
 
 def measure_step(config_path: str, rules: list[str], *, problems: int = 64, search: int = 16,
                  overrides: dict | None = None, on_row=lambda row: None) -> dict:
-    """{step, rewarded: [prompt ids], rows: [{rule, p_rewarded, p_tuning, moved, grad_norm}]}, the first row the
-    policy before any update (rule "none"); `on_row` sees each row as it is measured."""
+    """{policy, task, step, rewarded: [prompt ids], verified_samples, tuning_problems, rows: [{rule, p_rewarded,
+    logp_rewarded, p_tuning, moved, grad_norm}]}, the first row the policy before any update (rule "none");
+    `on_row` sees each row as it is measured."""
     parsed = [parse_rule(rule) for rule in rules]
     if problems < 1 or search < 1:
         raise TrainerError(f"--problems {problems}, --search {search}: give at least one of each")
@@ -66,22 +69,26 @@ def measure_step(config_path: str, rules: list[str], *, problems: int = 64, sear
                 raise TrainerError(f"none of the first {search} training batches has a group with a verified and a "
                                    "failed sample: no update to measure (a larger --search, or a stronger policy)")
             trainer.learner.note(batch)
-            rewarded = [p for p, g in zip(batch.problems, batch.rewards) if any(r >= 1 for r in g)]
+            verified = [(p, s.ids) for p, samples, rewards in zip(batch.problems, batch.samples, batch.rewards)
+                        for s, r in zip(samples, rewards) if r >= 1]
             tuning = [trainer.task.problem(TUNING_FROM + i) for i in range(problems)]
+            references = [(p, response_ids(trainer.tokenizer, p)) for p in tuning]
 
-            def probability(chosen) -> float:
-                prompts = [prompt_ids(trainer.tokenizer, p.question, config.system_prompt) for p in chosen]
+            def logprob(pairs) -> torch.Tensor:
+                """log π(y|x) of each (problem, y)."""
+                prompts = [prompt_ids(trainer.tokenizer, p.question, config.system_prompt) for p, _ in pairs]
                 with torch.no_grad():
-                    logp, mask = trainer.learner.logprobs(prompts, [response_ids(trainer.tokenizer, p)
-                                                                    for p in chosen])
-                return (logp * mask).sum(-1).exp().mean().item()
+                    logp, mask = trainer.learner.logprobs(prompts, [list(ids) for _, ids in pairs])
+                return (logp * mask).sum(-1)
 
             start = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
 
             def row(rule: str, stats: dict) -> dict:
                 moved = math.sqrt(sum(((p.detach() - start[name]) ** 2).sum().item()
                                       for name, p in trainer.model.named_parameters()))
-                out = {"rule": rule, "p_rewarded": probability(rewarded), "p_tuning": probability(tuning),
+                rewarded, reference = logprob(verified), logprob(references)
+                out = {"rule": rule, "p_rewarded": rewarded.exp().mean().item(),
+                       "logp_rewarded": rewarded.mean().item(), "p_tuning": reference.exp().mean().item(),
                        "moved": moved, "grad_norm": stats.get("grad_norm")}
                 on_row(out)
                 return out
@@ -94,4 +101,5 @@ def measure_step(config_path: str, rules: list[str], *, problems: int = 64, sear
                 trainer.optimizer = OPTIMIZERS[name](trainer.learner.params, lr=eta)
                 rows.append(row(rule, trainer.update(batch)))
     return {"policy": config.policy, "task": trainer.task.name, "step": batch.step,
-            "rewarded": [p.prompt_id for p in rewarded], "tuning_problems": problems, "rows": rows}
+            "rewarded": sorted({p.prompt_id for p, _ in verified}), "verified_samples": len(verified),
+            "tuning_problems": problems, "rows": rows}
