@@ -242,15 +242,17 @@ def pair(parser):
 
 
 def step(parser):
-    """what one update does to the answers it rewards, at several step sizes (AdamW and plain gradient descent)"""
+    """what one update does to the answers it rewards, at several step sizes; --curve N: what N solo steps do"""
     from mrl_trainer.cli import add_overrides
     parser.add_argument("config", help="YAML trainer config, e.g. examples/pair-gemma3.yaml")
     parser.add_argument("--rules", default="adamw:2e-6,adamw:2e-5,sgd:0.01,sgd:0.03,sgd:0.1",
                         help="comma-separated update rules adamw:LR or sgd:LR, each one update from the same "
                              "weights on the same batch (default %(default)s)")
+    parser.add_argument("--curve", type=int, metavar="N", help="instead of the rules: N solo GRPO steps at the "
+                                                               "config's settings, the tuning answers after each")
     parser.add_argument("--problems", type=int, default=64, help="tuning problems, training split, past every "
                                                                  "prompt a run takes (default %(default)s)")
-    parser.add_argument("--search", type=int, default=16, help="look for a batch with a signal in the first N "
+    parser.add_argument("--search", type=int, default=16, help="look for a batch with a signal in the next N "
                                                                "training steps (default %(default)s)")
     add_overrides(parser, "a config field")
     parser.add_argument("--out", help="also write the result to this JSON file")
@@ -259,16 +261,28 @@ def step(parser):
         import json
         import pathlib
 
-        from mrl_research.lab.step import measure_step
+        from mrl_research.lab.step import measure_curve, measure_step
         from mrl_trainer.app import parse_overrides
+
+        def parts(row: dict) -> str:
+            return "".join(f", {part} {p:.4f}" for part, p in row["p_tuning_parts"].items())
 
         def show(row: dict) -> None:
             grad = "" if row["grad_norm"] is None else f", gradient norm {row['grad_norm']:.3f}"
             print(f"  {row['rule']:>12}: p(verified samples) {row['p_rewarded']:.4f} (log {row['logp_rewarded']:.3f}), "
-                  f"p(tuning answers) "
-                  f"{row['p_tuning']:.4f}, moved {row['moved']:.4f}{grad}", flush=True)
-        result = measure_step(args.config, [r for r in args.rules.split(",") if r], problems=args.problems,
-                              search=args.search, overrides=parse_overrides(args.overrides), on_row=show)
+                  f"p(tuning answers) {row['p_tuning']:.4f}{parts(row)}, moved {row['moved']:.4f}{grad}", flush=True)
+
+        def show_step(row: dict) -> None:
+            reward = "" if row["reward_mean"] is None else (f", reward {row['reward_mean']:.3f}"
+                                                             f"{'' if row['updated'] else ' (no update)'}")
+            print(f"  step {row['step']}{reward}: p(tuning answers) {row['p_tuning']:.4f}{parts(row)}", flush=True)
+        overrides = parse_overrides(args.overrides)
+        if args.curve is not None:
+            result = measure_curve(args.config, args.curve, problems=args.problems, overrides=overrides,
+                                   on_row=show_step)
+        else:
+            result = measure_step(args.config, [r for r in args.rules.split(",") if r], problems=args.problems,
+                                  search=args.search, overrides=overrides, on_row=show)
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result), flush=True)
