@@ -7,8 +7,9 @@ policy's loss surface lowers the very answer it rewards. For the trainer config'
 holding a verified and a failed sample), each rule r makes one update (μ = k = 1) from the same weights on the same
 batch:
 
-    adamw:η   a fresh AdamW at learning rate η and the config's weight decay, as a run's first update (its first
-              step moves every coordinate that has a gradient by about η: m̂/√v̂ = g/|g|)
+    adamw:η   a fresh AdamW at learning rate η and the config's weight decay, built as a run builds it
+              (mrl_trainer.optimizer.adamw): a run's first update, which moves every coordinate that has a
+              gradient by about η (m̂/√v̂ = g/|g|)
     sgd:η     plain gradient descent, θ − η·clip(g), which moves the weights by η·min(‖g‖₂, max_grad_norm)
 
 and gives
@@ -34,12 +35,13 @@ import torch
 from mrl.prompts import prompt_ids
 from mrl_research.lab.grpo_signal import probe_trainer
 from mrl_trainer.errors import TrainerError
+from mrl_trainer.optimizer import adamw
 from mrl_trainer.sft import response_ids
 
 __all__ = ["measure_step", "measure_curve", "parse_rule", "TUNING_FROM"]
 
 TUNING_FROM = 1_000_000     # index of the first tuning problem in the training split
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+RULES = ("adamw", "sgd")
 
 
 def parse_rule(text: str) -> tuple[str, float]:
@@ -49,7 +51,7 @@ def parse_rule(text: str) -> tuple[str, float]:
         eta = float(size)
     except ValueError:
         eta = math.nan
-    if name not in OPTIMIZERS or not (eta > 0 and math.isfinite(eta)):
+    if name not in RULES or not (eta > 0 and math.isfinite(eta)):
         raise TrainerError(f"step rule {text!r}: write adamw:LR or sgd:LR with LR > 0, e.g. adamw:2e-5")
     return name, eta
 
@@ -123,9 +125,8 @@ def measure_step(config_path: str, rules: list[str], *, problems: int = 64, sear
                 with torch.no_grad():
                     for key, p in trainer.model.named_parameters():
                         p.copy_(start[key])
-                trainer.optimizer = OPTIMIZERS[name](trainer.learner.params, lr=eta,
-                                                     **({"weight_decay": config.loss.weight_decay}
-                                                        if name == "adamw" else {}))
+                trainer.optimizer = (adamw(trainer.model, config.loss.model_copy(update={"lr": eta}))
+                                     if name == "adamw" else torch.optim.SGD(trainer.learner.params, lr=eta))
                 rows.append(row(rule, trainer.update(batch)))
     return {"policy": config.policy, "task": trainer.task.name, "step": batch.step,
             "rewarded": sorted({p.prompt_id for p, _ in verified}), "verified_samples": len(verified),
